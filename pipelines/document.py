@@ -1,0 +1,199 @@
+"""The doc_structure: one document's text with exact page/line provenance.
+
+Every parser (PDF, HTML, text) produces a list of `RawPage`s; `assemble()` turns them
+into a `Document` whose `text` is the concatenation of all lines. Offsets everywhere
+(sections, anchors, segments) are character offsets into `Document.text`, and
+`Document.locate()` is the one place that maps an offset back to (page, line).
+
+Layout of `Document.text`: the lines of a page joined by "\\n"; pages joined by "\\f"
+(a blank page contributes an empty string, so two "\\f" follow each other).
+For HTML, a "page" is the text of one section, labelled with its element id; citations
+for HTML use the label instead of a page number.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DocType = Literal["pdf", "html", "markdown", "text"]
+LineRole = Literal["body", "header", "footer"]
+AnchorType = Literal["ENTITY", "DEFINITION", "CLAUSE", "LOGIC", "TOPIC", "PAPER"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RawLine(Strict):
+    text: str
+    role: LineRole = "body"
+
+
+class RawPage(Strict):
+    """A parser's output for one page (PDF), one section body (HTML) or one file chunk."""
+
+    lines: list[RawLine]
+    label: str | None = None  # HTML element id of the section this unit belongs to
+
+
+class RawSection(Strict):
+    """A section a parser knows structurally (HTML headings); PDFs and text get theirs
+    from `pipelines.sections`. `page` is the 1-based index of the unit whose first line is
+    the heading."""
+
+    number: str | None
+    title: str
+    level: int
+    page: int
+    element_id: str | None = None
+
+
+class Line(Strict):
+    n: int  # 1-based within its page; what citations use
+    text: str  # exactly what `docqa show --page` displays
+    start: int  # char offset of the line in Document.text
+    end: int
+    role: LineRole = "body"
+
+
+class Page(Strict):
+    n: int  # 1-based physical page (PDF) or unit index (HTML/text)
+    label: str | None = None
+    start: int
+    end: int
+    lines: list[Line]
+
+
+class Location(Strict):
+    page: int
+    line: int
+    label: str | None = None
+
+
+class Section(Strict):
+    id: str  # stable within the document: "s1", "s2", ... in reading order
+    number: str | None  # "5.2.1", "ARTICLE 7", "Exhibit B", "第一百四十三条"
+    title: str
+    level: int  # 1 = top
+    parent_id: str | None = None
+    char_start: int
+    char_end: int
+    page_start: int
+    line_start: int
+    page_end: int
+    line_end: int
+    element_id: str | None = None  # HTML citation target
+
+
+class Anchor(Strict):
+    type: AnchorType
+    text: str  # as it appears in the document
+    value: str  # normalised (ISO date, amount in a canonical form, resolved section id, ...)
+    subtype: str | None = None  # e.g. ORG, MONEY, DATE, PERCENT, DURATION for ENTITY
+    char_start: int
+    char_end: int
+    page: int
+    line: int
+    section_id: str | None = None  # the section the anchor lies in
+    target_section_id: str | None = None  # CLAUSE: the section it points at, when found
+
+
+class Segment(Strict):
+    index: int
+    char_start: int
+    char_end: int
+    page_start: int
+    line_start: int
+    page_end: int
+    line_end: int
+    token_count: int
+    text: str
+
+
+class Document(Strict):
+    doc_id: str  # short content hash
+    content_sha256: str
+    path: str
+    type: DocType
+    title: str | None = None
+    text: str
+    pages: list[Page]
+    sections: list[Section] = Field(default_factory=list)
+    anchors: list[Anchor] = Field(default_factory=list)
+    segments: list[Segment] = Field(default_factory=list)
+    metadata: dict[str, str | int | float | bool | None | list[str]] = Field(default_factory=dict)
+
+    def _line_starts(self) -> tuple[list[int], list[tuple[int, int]]]:
+        cache = self.__dict__.get("_line_index")
+        if cache is None:
+            starts, where = [], []
+            for p in self.pages:
+                for ln in p.lines:
+                    starts.append(ln.start)
+                    where.append((p.n, ln.n))
+            cache = (starts, where)
+            self.__dict__["_line_index"] = cache
+        return cache
+
+    def locate(self, offset: int) -> Location:
+        """The page and line holding char `offset` (a separator maps to the line before it)."""
+        starts, where = self._line_starts()
+        if not starts:
+            return Location(page=1, line=0)
+        i = max(0, bisect.bisect_right(starts, offset) - 1)
+        page, line = where[i]
+        return Location(page=page, line=line, label=self.pages[page - 1].label)
+
+    def page(self, n: int) -> Page:
+        if not 1 <= n <= len(self.pages):
+            raise IndexError(f"page {n} out of range 1..{len(self.pages)}")
+        return self.pages[n - 1]
+
+    def lines_text(self, page: int, line_start: int, line_end: int) -> str:
+        """The text of lines line_start..line_end (inclusive, 1-based) of a page."""
+        lines = self.page(page).lines
+        return "\n".join(ln.text for ln in lines[max(0, line_start - 1) : line_end])
+
+
+def assemble(
+    raw_pages: list[RawPage],
+    *,
+    doc_id: str,
+    content_sha256: str,
+    path: str,
+    type: DocType,
+    title: str | None = None,
+    metadata: dict | None = None,
+) -> Document:
+    """Lay the parsers' pages out into one text with exact offsets."""
+    parts: list[str] = []
+    pages: list[Page] = []
+    pos = 0
+    for i, raw in enumerate(raw_pages):
+        if i:
+            parts.append("\f")
+            pos += 1
+        page_start = pos
+        lines = []
+        for j, rl in enumerate(raw.lines):
+            if j:
+                parts.append("\n")
+                pos += 1
+            text = rl.text.replace("\f", " ").replace("\n", " ")
+            lines.append(Line(n=j + 1, text=text, start=pos, end=pos + len(text), role=rl.role))
+            parts.append(text)
+            pos += len(text)
+        pages.append(Page(n=i + 1, label=raw.label, start=page_start, end=pos, lines=lines))
+    return Document(
+        doc_id=doc_id,
+        content_sha256=content_sha256,
+        path=path,
+        type=type,
+        title=title,
+        text="".join(parts),
+        pages=pages,
+        metadata=metadata or {},
+    )

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: sets everything up, then runs the default (fast) test suite.
+# Extra arguments go to pytest, e.g. scripts/test.sh -m slow
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export TRITON_INTERPRET=${TRITON_INTERPRET:-1}
+exec .venv/bin/python -m pytest "$@"
