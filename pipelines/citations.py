@@ -1,0 +1,244 @@
+"""Citations: parsing them out of model answers and verifying them against the source.
+
+A citation names lines of a document — `[PAGE:12, LINE:30-34]` for PDFs and text,
+`[SECTION:section-15.5.5, LINE:3-4]` for HTML, optionally prefixed with `DOC:<id>, ` when
+an answer draws on several documents — and carries a *quote*: the words the answer claims
+are written there. Verification is mechanical (SPEC §4): the quote, normalised by
+`textnorm`, must occur inside the cited lines. A quote found elsewhere in the same document
+is re-pointed at the lines where it really is and marked `relocated`; anything else stays
+unverified and is never shown as verified.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from .document import Document
+from .textnorm import normalize, normalize_loose
+
+# Quotes shorter than this (after normalisation) prove nothing: "the", "30 days".
+MIN_QUOTE_CHARS = 12
+
+
+class Citation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    doc_id: str
+    page: int | None  # 1-based physical page; None for HTML
+    section_id: str | None  # HTML element id; None for PDF/text
+    line_start: int
+    line_end: int
+    quote: str
+    segment_id: int | None = None
+    verified: bool = False
+    relocated: bool = False  # the quote was found, but not on the lines the model named
+    char_start: int | None = None  # where the quote lies in Document.text, once verified
+    char_end: int | None = None
+    note: str | None = None  # why a citation did not verify
+
+    def label(self) -> str:
+        where = f"SECTION:{self.section_id}" if self.section_id else f"PAGE:{self.page}"
+        lines = f"{self.line_start}" if self.line_start == self.line_end else f"{self.line_start}-{self.line_end}"
+        return f"[{where}, LINE:{lines}]"
+
+
+_CITE = re.compile(
+    r"\[\s*(?:DOC\s*:\s*(?P<doc>[0-9a-fA-F]{4,64})\s*[,;]\s*)?"
+    r"(?:PAGE\s*:\s*(?P<page>\d+)|SECTION\s*:\s*(?P<section>[^,\]\s]+))\s*[,;]\s*"
+    r"LINES?\s*:\s*(?P<l1>\d+)(?:\s*[-\u2013\u2014]\s*(?P<l2>\d+))?\s*\]",
+    re.IGNORECASE,
+)
+_QUOTED = re.compile(r"[\"\u201c\u201e]([^\"\u201c\u201d\u201e]{3,}?)[\"\u201d]")
+
+
+class CitedSpan(BaseModel):
+    """A citation as written in an answer: where it sits in the answer, and what it claims."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int
+    end: int
+    doc_id: str | None
+    page: int | None
+    section_id: str | None
+    line_start: int
+    line_end: int
+    quote: str
+
+
+def parse_citations(answer: str) -> list[CitedSpan]:
+    """Find every citation marker in `answer` with the quote it backs.
+
+    The quote is the last double-quoted phrase between the previous citation (or the start
+    of the sentence) and the marker; failing that, the clause right before the marker.
+    """
+    spans: list[CitedSpan] = []
+    prev_end = 0
+    for m in _CITE.finditer(answer):
+        before = answer[prev_end : m.start()]
+        quoted = _QUOTED.findall(before)
+        if quoted:
+            quote = quoted[-1]
+        else:
+            # The clause before the marker, back to the last sentence boundary.
+            clause = re.split(r"(?<=[.!?;:\n])\s+|\n", before.rstrip())
+            quote = clause[-1] if clause else ""
+        l1 = int(m["l1"])
+        l2 = int(m["l2"]) if m["l2"] else l1
+        spans.append(
+            CitedSpan(
+                start=m.start(),
+                end=m.end(),
+                doc_id=m["doc"].lower() if m["doc"] else None,
+                page=int(m["page"]) if m["page"] else None,
+                section_id=m["section"],
+                line_start=min(l1, l2),
+                line_end=max(l1, l2),
+                quote=quote.strip().strip("-–—:,; "),
+            )
+        )
+        prev_end = m.end()
+    return spans
+
+
+def _page_for(doc: Document, span: CitedSpan) -> int | None:
+    if span.section_id is not None:
+        for p in doc.pages:
+            if p.label == span.section_id:
+                return p.n
+        return None
+    if span.page is not None and 1 <= span.page <= len(doc.pages):
+        return span.page
+    return None
+
+
+def _find(doc: Document, quote: str, lo: int, hi: int) -> tuple[int, int] | None:
+    """Char span of `quote` within doc.text[lo:hi], after normalisation; None if absent."""
+    for f in (normalize, normalize_loose):
+        target = f(quote)
+        if len(target) >= MIN_QUOTE_CHARS and target in f(doc.text[lo:hi]):
+            return _shrink(doc.text, target, lo, hi, f)
+    return None
+
+
+def find_in_document(doc: Document, quote: str) -> tuple[int, int] | None:
+    """Where `quote` lies anywhere in the document: page by page, then across page breaks."""
+    pages = doc.pages
+    for p in pages:
+        hit = _find(doc, quote, p.start, p.end)
+        if hit:
+            return hit
+    for p, q in zip(pages, pages[1:]):
+        hit = _find(doc, quote, p.start, q.end)
+        if hit:
+            return hit
+    return None
+
+
+def _shrink(text: str, target: str, lo: int, hi: int, f) -> tuple[int, int]:
+    """Smallest raw span [a, b) within [lo, hi) whose normalisation contains `target`.
+
+    Containment only drops as a bound moves inward, so each bound is a binary search."""
+    a_lo, a_hi = lo, hi  # find the largest a with target in f(text[a:hi])
+    while a_lo < a_hi:
+        mid = (a_lo + a_hi + 1) // 2
+        if target in f(text[mid:hi]):
+            a_lo = mid
+        else:
+            a_hi = mid - 1
+    a = a_lo
+    b_lo, b_hi = a, hi  # the smallest b with target in f(text[a:b])
+    while b_lo < b_hi:
+        mid = (b_lo + b_hi) // 2
+        if target in f(text[a:mid]):
+            b_hi = mid
+        else:
+            b_lo = mid + 1
+    return a, b_lo
+
+
+def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | None = None) -> Citation:
+    """Check a cited span against its document; return the Citation with its verdict."""
+    doc_id = span.doc_id or default_doc
+    # Accept an unambiguous prefix of a doc id, as the CLI does.
+    if doc_id and doc_id not in docs:
+        hits = [d for d in docs if d.startswith(doc_id)]
+        doc_id = hits[0] if len(hits) == 1 else doc_id
+    base = dict(
+        doc_id=doc_id or "",
+        page=span.page,
+        section_id=span.section_id,
+        line_start=span.line_start,
+        line_end=span.line_end,
+        quote=span.quote,
+    )
+    doc = docs.get(doc_id) if doc_id else None
+    if doc is None:
+        return Citation(**base, note="unknown document")
+    if doc.type == "html" and span.section_id is None and span.page is not None:
+        base["page"] = None  # HTML has no pages; keep the line claim, look up by quote below
+    page_n = _page_for(doc, span)
+    if len(normalize(span.quote)) < MIN_QUOTE_CHARS:
+        return Citation(**base, note="no quote to check")
+    if page_n is not None:
+        lines = doc.page(page_n).lines
+        if lines and span.line_start <= len(lines):
+            first = lines[max(0, span.line_start - 1)]
+            last = lines[min(len(lines), span.line_end) - 1]
+            hit = _find(doc, span.quote, first.start, last.end)
+            if hit:
+                return Citation(**base, verified=True, char_start=hit[0], char_end=hit[1])
+    hit = find_in_document(doc, span.quote)
+    if hit is None:
+        return Citation(**base, note="quote not found in the document")
+    return relocate(doc, hit, quote=span.quote)
+
+
+def relocate(doc: Document, hit: tuple[int, int], *, quote: str) -> Citation:
+    """A verified citation for the text at char span `hit` (a quote found by search)."""
+    a = doc.locate(hit[0])
+    b = doc.locate(max(hit[0], hit[1] - 1))
+    if b.page != a.page:  # crosses a page break: cite the page where it starts, to its end
+        b_line = len(doc.page(a.page).lines)
+    else:
+        b_line = b.line
+    html = doc.type == "html"
+    return Citation(
+        doc_id=doc.doc_id,
+        page=None if html else a.page,
+        section_id=doc.page(a.page).label if html else None,
+        line_start=a.line,
+        line_end=b_line,
+        quote=quote,
+        verified=True,
+        relocated=True,
+        char_start=hit[0],
+        char_end=hit[1],
+    )
+
+
+def verify_answer(answer: str, docs: Mapping[str, Document], default_doc: str | None = None) -> list[Citation]:
+    return [verify(s, docs, default_doc) for s in parse_citations(answer)]
+
+
+def cite_lines(doc: Document, page: int, line_start: int, line_end: int) -> Citation:
+    """A verified citation of whole lines (evidence passages): the quote is the lines' text."""
+    p = doc.page(page)
+    line_end = min(line_end, len(p.lines))
+    text = doc.lines_text(page, line_start, line_end)
+    html = doc.type == "html"
+    first, last = p.lines[line_start - 1], p.lines[line_end - 1]
+    return Citation(
+        doc_id=doc.doc_id,
+        page=None if html else page,
+        section_id=p.label if html else None,
+        line_start=line_start,
+        line_end=line_end,
+        quote=text,
+        verified=True,
+        char_start=first.start,
+        char_end=last.end,
+    )
