@@ -115,7 +115,7 @@ def _page_for(doc: Document, span: CitedSpan) -> int | None:
     return None
 
 
-def _find(doc: Document, quote: str, lo: int, hi: int) -> tuple[int, int] | None:
+def find_quote(doc: Document, quote: str, lo: int, hi: int) -> tuple[int, int] | None:
     """Char span of `quote` within doc.text[lo:hi], after normalisation; None if absent."""
     for f in (normalize, normalize_loose):
         target = f(quote)
@@ -128,11 +128,11 @@ def find_in_document(doc: Document, quote: str) -> tuple[int, int] | None:
     """Where `quote` lies anywhere in the document: page by page, then across page breaks."""
     pages = doc.pages
     for p in pages:
-        hit = _find(doc, quote, p.start, p.end)
+        hit = find_quote(doc, quote, p.start, p.end)
         if hit:
             return hit
     for p, q in zip(pages, pages[1:]):
-        hit = _find(doc, quote, p.start, q.end)
+        hit = find_quote(doc, quote, p.start, q.end)
         if hit:
             return hit
     return None
@@ -188,7 +188,7 @@ def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | Non
         if lines and span.line_start <= len(lines):
             first = lines[max(0, span.line_start - 1)]
             last = lines[min(len(lines), span.line_end) - 1]
-            hit = _find(doc, span.quote, first.start, last.end)
+            hit = find_quote(doc, span.quote, first.start, last.end)
             if hit:
                 return Citation(**base, verified=True, char_start=hit[0], char_end=hit[1])
     hit = find_in_document(doc, span.quote)

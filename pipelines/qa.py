@@ -1,0 +1,132 @@
+"""Question answering with verified citations.
+
+The model is injected as a function from chat messages to text (`Generate`), so this
+module stays a pure function of documents, passages and that function — and tests can run
+it with a scripted model. Steps: build the context, generate, parse and verify citations,
+attach mechanical citations to answer sentences copied verbatim from the excerpts, and fall
+back to the ranked evidence when nothing verifies (SPEC §4: never an unsupported answer
+shown as supported).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .citations import Citation, cite_lines, find_quote, parse_citations, relocate, verify
+from .context import BuiltContext, approx_tokens, build_context, chat_messages
+from .document import Document
+from .passages import Passage
+from .textnorm import normalize
+
+Generate = Callable[[list[dict[str, str]]], str]
+Status = Literal["answered", "unsupported", "evidence_only", "not_found"]
+
+NOT_FOUND = "not found in the document"
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str
+    status: Status
+    answer: str | None  # the answer as shown, citations rewritten to their verified labels
+    raw_answer: str | None = None  # what the model wrote, kept for audit
+    citations: list[Citation] = Field(default_factory=list)
+    evidence: list[Citation] = Field(default_factory=list)  # ranked passages, verified
+    context_tokens: int = 0
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+def evidence_citations(docs: Mapping[str, Document], passages: list[Passage], k: int) -> list[Citation]:
+    out = []
+    for p in passages[:k]:
+        doc = docs[p.doc_id]
+        c = cite_lines(doc, p.page, p.line_start, p.line_end)
+        out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
+    return out
+
+
+_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+
+
+def _mechanical_citations(answer: str, docs: Mapping[str, Document], passages: list[Passage]) -> list[Citation]:
+    """Citations for answer sentences that appear verbatim in an excerpt the model read."""
+    out = []
+    cited = {m.start() for m in re.finditer(r"\[[^\]]*LINE", answer)}
+    for m in _SENTENCE.finditer(re.sub(r"\[[^\]]*\]", " ", answer) if cited else answer):
+        sent = m.group().strip().strip('"“”.!?;: ')
+        if len(sent) < 25:
+            continue
+        ns = normalize(sent)
+        for p in passages:
+            if ns in normalize(p.text):
+                doc = docs[p.doc_id]
+                hit = find_quote(doc, sent, p.char_start, p.char_end)
+                if hit:
+                    c = relocate(doc, hit, quote=sent)
+                    out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
+                break
+    return out
+
+
+def answer_question(
+    question: str,
+    docs: Mapping[str, Document],
+    passages: list[Passage],
+    generate: Generate | None,
+    *,
+    budget_tokens: int = 3000,
+    count_tokens: Callable[[str], int] = approx_tokens,
+    evidence_k: int = 5,
+) -> Answer:
+    """Answer `question` from the ranked `passages` of `docs`; `generate=None` gives evidence only."""
+    t0 = time.perf_counter()
+    evidence = evidence_citations(docs, passages, evidence_k)
+    if generate is None:
+        return Answer(question=question, status="evidence_only", answer=None, evidence=evidence)
+    ctx: BuiltContext = build_context(question, docs, passages, budget_tokens=budget_tokens, count_tokens=count_tokens)
+    t1 = time.perf_counter()
+    raw = generate(chat_messages(question, ctx))
+    t2 = time.perf_counter()
+    default_doc = next(iter(docs)) if len(docs) == 1 else None
+    shown, citations = [], []
+    pos = 0
+    for span in parse_citations(raw):
+        c = verify(span, docs, default_doc)
+        if c.verified:
+            c = c.model_copy(update={"segment_id": segment_of(docs[c.doc_id], c.char_start)})
+            citations.append(c)
+            label = c.label() if len(docs) == 1 else c.label().replace("[", f"[DOC:{c.doc_id}, ", 1)
+            shown.append(raw[pos : span.start] + label)
+        else:
+            citations.append(c)
+            shown.append(raw[pos : span.start] + "[unverified citation removed]")
+        pos = span.end
+    shown.append(raw[pos:])
+    text = "".join(shown).strip()
+    if not any(c.verified for c in citations):
+        citations += _mechanical_citations(raw, docs, ctx.passages)
+    verified = [c for c in citations if c.verified]
+    timings = {"context_s": t1 - t0, "generate_s": t2 - t1}
+    common = dict(question=question, raw_answer=raw, citations=citations, evidence=evidence,
+                  context_tokens=ctx.tokens, timings=timings)
+    if verified:
+        return Answer(status="answered", answer=text, **common)
+    if NOT_FOUND in normalize(raw):
+        return Answer(status="not_found", answer="Not found in the document.", **common)
+    return Answer(status="unsupported", answer=None, **common)
+
+
+def segment_of(doc: Document, offset: int | None) -> int | None:
+    """The index of the segment holding char `offset` (the engine's unit of reading)."""
+    if offset is None:
+        return None
+    for seg in doc.segments:
+        if seg.char_start <= offset < seg.char_end:
+            return seg.index
+    return None
