@@ -1,2 +1,316 @@
-def main():
-    print("docqa")
+"""The `docqa` command line: thin typer commands over `app.store` and `pipelines.ingest`.
+
+Each command opens the store and calls the library; typed errors (`DocqaError`,
+`IngestError`) become one line on stderr and exit code 1. Anything else is a bug: users see
+one line too, but with DOCQA_DEBUG=1 (tests set it) it raises with its traceback.
+
+To add a command group, define a `typer.Typer()` in its own module and mount it below
+with `app.add_typer(...)`; use `db_option`, `json_option` and `cli_errors` from here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..pipelines.errors import IngestError
+from ..pipelines.ingest import EXTENSIONS, build, load
+from . import config
+from .engine_cli import engine_app
+from .errors import DocqaError
+from .store import Store
+
+app = typer.Typer(
+    name="docqa",
+    help="Ask long documents exact questions; every answer cites page and line.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+app.add_typer(engine_app, name="engine")
+
+# Exit codes (documented in `docqa ingest --help`).
+EXIT_OK = 0
+EXIT_ERROR = 1  # a typed error, or some files failed to ingest while others succeeded
+EXIT_NOTHING_INGESTED = 3  # every file failed, or no ingestible file was found
+
+# Document text is data: never let rich interpret brackets in it as markup.
+out = Console(highlight=False, markup=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+
+db_option = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--db",
+        help="SQLite database file [default: $DOCQA_DB, else $XDG_DATA_HOME/docqa/docqa.db]",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+json_option = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def open_store(db: Path | None) -> Store:
+    return Store(db if db is not None else config.default_db_path())
+
+
+def error_line(message: str) -> None:
+    err.print(f"error: {message}")
+
+
+def cli_errors(command: Callable) -> Callable:
+    """Turn typed errors into one stderr line and exit 1; hide tracebacks unless debugging."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (DocqaError, IngestError) as e:
+            error_line(str(e))
+            raise typer.Exit(EXIT_ERROR) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            if config.debug():
+                raise
+            error_line(f"unexpected {type(e).__name__}: {e} (DOCQA_DEBUG=1 shows the traceback)")
+            raise typer.Exit(EXIT_ERROR) from None
+
+    return wrapper
+
+
+def print_json(value) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+
+
+def _files(paths: list[Path]) -> list[Path]:
+    """Files named directly (any type: an unsupported one is then reported) and, below
+    folders, the files with a supported extension, sorted, skipping hidden ones."""
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                rel = f.relative_to(p).parts
+                if f.is_file() and f.suffix.lower() in EXTENSIONS and not any(
+                    part.startswith(".") for part in rel
+                ):
+                    found.append(f)
+        else:
+            found.append(p)
+    return list(dict.fromkeys(found))
+
+
+@app.command()
+@cli_errors
+def ingest(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(help="Files or folders (searched recursively).", metavar="PATH..."),
+    ],
+    db: db_option = None,
+    as_json: json_option = False,
+    segment_tokens: Annotated[
+        int,
+        typer.Option(help="Target size of the segments the engine reads.", min=64),
+    ] = 2048,
+) -> None:
+    """Ingest PDF, HTML, Markdown and text files into the database.
+
+    Identical content is stored once (the doc id is a hash of the bytes); ingesting it
+    again is a no-op, and from a new path only records that path. A file that cannot be
+    ingested gets one line on stderr and leaves the database unchanged; the others still
+    ingest. Files larger than $DOCQA_MAX_FILE_BYTES (default 200 MB) are refused.
+
+    Exit codes: 0 all ingested; 1 some files failed; 3 nothing ingested.
+
+    Example: docqa ingest contracts/ spec.pdf --json
+    """
+    max_bytes = config.max_file_bytes()
+    files = _files(paths)
+    results: list[dict] = []
+    failed = 0
+    with open_store(db) as store, Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as progress:
+        task = progress.add_task("ingesting", total=len(files))
+        for f in files:
+            progress.update(task, description=f.name)
+            try:
+                result = _ingest_one(store, f, max_bytes, segment_tokens)
+            except IngestError as e:
+                failed += 1
+                results.append({"path": str(f), "error": e.reason})
+                error_line(str(e))
+            except Exception as e:
+                if config.debug():
+                    raise
+                failed += 1
+                reason = f"unexpected {type(e).__name__}: {e}"
+                results.append({"path": str(f), "error": reason})
+                error_line(f"{f}: {reason}")
+            else:
+                results.append(result)
+                if not as_json:
+                    _print_ingested(result)
+            progress.advance(task)
+    if as_json:
+        print_json(results)
+    if not files:
+        error_line("no ingestible files found (supported: " + ", ".join(sorted(EXTENSIONS)) + ")")
+    ok = len(results) - failed
+    if ok == 0:
+        raise typer.Exit(EXIT_NOTHING_INGESTED)
+    if failed:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
+    source = load(path, max_bytes=max_bytes)
+    if store.has(source.doc_id):
+        # Known content: skip parsing entirely.
+        status = store.add_path(source.doc_id, str(source.path))
+        info = store.info(source.doc_id)
+        counts = dict(pages=info.pages, sections=info.sections, anchors=info.anchors,
+                      segments=info.segments, type=info.type)
+    else:
+        doc = build(source, segment_tokens=segment_tokens)
+        status = store.add_document(doc).status
+        counts = dict(pages=len(doc.pages), sections=len(doc.sections),
+                      anchors=len(doc.anchors), segments=len(doc.segments), type=doc.type)
+    return {"doc_id": source.doc_id, "path": str(source.path), "type": counts.pop("type"),
+            **counts, "status": status}
+
+
+def _print_ingested(r: dict) -> None:
+    note = "" if r["status"] == "added" else f"  ({r['status']})"
+    out.print(
+        f"{r['doc_id']}  {r['type']:<8} {r['pages']:>5} pages {r['sections']:>5} sections "
+        f"{r['anchors']:>6} anchors {r['segments']:>4} segments  {r['path']}{note}"
+    )
+
+
+@app.command()
+@cli_errors
+def docs(db: db_option = None, as_json: json_option = False) -> None:
+    """List the ingested documents.
+
+    Example: docqa docs --json
+    """
+    with open_store(db) as store:
+        infos = store.list_documents()
+    if as_json:
+        print_json([asdict(i) for i in infos])
+        return
+    if not infos:
+        err.print("no documents yet; add some with `docqa ingest PATH`")
+        return
+    table = Table(box=None, header_style="bold")
+    for col, justify in [("doc id", "left"), ("type", "left"), ("pages", "right"),
+                         ("sections", "right"), ("anchors", "right"), ("segments", "right"),
+                         ("title / file", "left")]:
+        table.add_column(col, justify=justify)
+    for i in infos:
+        name = i.title or Path(i.path).name
+        table.add_row(i.doc_id, i.type, str(i.pages), str(i.sections), str(i.anchors),
+                      str(i.segments), Text(name))
+    out.print(table)
+
+
+@app.command()
+@cli_errors
+def show(
+    doc: Annotated[str, typer.Argument(help="Doc id, unique id prefix, or an ingested path.")],
+    sections: Annotated[bool, typer.Option("--sections", help="The numbered sections.")] = False,
+    anchors: Annotated[bool, typer.Option("--anchors", help="The anchor tags.")] = False,
+    page: Annotated[
+        Optional[int],
+        typer.Option("--page", min=1, help="One page's lines, numbered as citations use them."),
+    ] = None,
+    db: db_option = None,
+    as_json: json_option = False,
+) -> None:
+    """Show a document: a summary, its sections, its anchors, or one page's lines.
+
+    For HTML a "page" is one section, labelled with its element id.
+
+    Example: docqa show 3f2a9c01b7de --page 12 --json
+    """
+    with open_store(db) as store:
+        if page is not None:
+            doc_id, pg = store.get_page(doc, page)
+            _show_page(doc_id, pg, as_json)
+            return
+        info = store.info(doc)
+        if not (sections or anchors):
+            _show_info(info, as_json)
+            return
+        secs = store.sections(info.doc_id) if sections else None
+        ancs = store.anchors(info.doc_id) if anchors else None
+    if as_json:
+        value: dict = {"doc_id": info.doc_id}
+        if secs is not None:
+            value["sections"] = [s.model_dump() for s in secs]
+        if ancs is not None:
+            value["anchors"] = [a.model_dump() for a in ancs]
+        print_json(value)
+        return
+    if secs is not None:
+        for s in secs:
+            head = f"{s.number} " if s.number else ""
+            where = f"p{s.page_start}:{s.line_start}-p{s.page_end}:{s.line_end}"
+            out.print(f"{'  ' * (s.level - 1)}{s.id:<6} {head}{s.title}  [{where}]")
+    if ancs is not None:
+        table = Table(box=None, header_style="bold")
+        for col in ("type", "subtype", "text", "value", "page:line", "section"):
+            table.add_column(col)
+        for a in ancs:
+            table.add_row(a.type, a.subtype or "", Text(a.text), Text(a.value),
+                          f"{a.page}:{a.line}", a.section_id or "")
+        out.print(table)
+
+
+def _show_page(doc_id: str, pg, as_json: bool) -> None:
+    if as_json:
+        print_json({"doc_id": doc_id, "page": pg.n, "label": pg.label,
+                    "lines": [{"n": ln.n, "text": ln.text, "role": ln.role} for ln in pg.lines]})
+        return
+    label = f" ({pg.label})" if pg.label else ""
+    err.print(f"{doc_id} page {pg.n}{label}: {len(pg.lines)} lines")
+    width = len(str(len(pg.lines))) if pg.lines else 1
+    for ln in pg.lines:
+        mark = {"header": "h", "footer": "f"}.get(ln.role, " ")
+        out.print(f"{ln.n:>{width}}{mark} {ln.text}")
+
+
+def _show_info(info, as_json: bool) -> None:
+    if as_json:
+        print_json(asdict(info))
+        return
+    for key in ("doc_id", "type", "title", "pages", "sections", "anchors", "segments",
+                "ingested_at"):
+        out.print(f"{key:<12} {getattr(info, key)}")
+    for p in info.paths:
+        out.print(f"{'path':<12} {p}")
+
+
+def main() -> None:
+    app(prog_name="docqa")

@@ -1,0 +1,165 @@
+"""The schema, as an ordered list of small named migrations.
+
+Each migration is a function of the `sqlite_utils.Database`; `migrate()` applies the ones
+not yet recorded in `_migrations`, each in its own IMMEDIATE transaction so that two
+processes opening a fresh file at once cannot both apply it. To change the schema, append
+`m00N_what_it_does` to `MIGRATIONS`; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Callable
+
+from sqlite_utils import Database
+
+# Retrieval units and the tokenizers each is indexed with; `pipelines.search` decides
+# what text goes into each index and how a question becomes a MATCH expression.
+FTS_UNITS = ("segments", "pages")
+FTS_TOKENIZERS = {
+    "unicode61": "unicode61 remove_diacritics 2",
+    "trigram": "trigram",
+}
+
+
+def fts_table(unit: str, tokenizer: str) -> str:
+    if unit not in FTS_UNITS or tokenizer not in FTS_TOKENIZERS:
+        raise ValueError(f"no FTS index for unit={unit!r} tokenizer={tokenizer!r}")
+    return f"fts_{unit}_{tokenizer}"
+
+
+def _run(db: Database, statements: list[str]) -> None:
+    # One statement at a time: executescript() would COMMIT the migration's transaction.
+    for sql in statements:
+        db.execute(sql)
+
+
+def m001_initial(db: Database) -> None:
+    statements = [
+        """CREATE TABLE documents (
+            doc_id TEXT PRIMARY KEY,
+            sha256 TEXT NOT NULL UNIQUE,
+            path TEXT NOT NULL,
+            type TEXT NOT NULL,
+            title TEXT,
+            pages INTEGER NOT NULL,
+            chars INTEGER NOT NULL,
+            metadata TEXT NOT NULL DEFAULT '{}',
+            ingested_at TEXT NOT NULL
+        )""",
+        # Every path the same content was ingested from; `documents.path` is the first.
+        """CREATE TABLE document_paths (
+            doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+            path TEXT NOT NULL,
+            added_at TEXT NOT NULL,
+            PRIMARY KEY (doc_id, path)
+        )""",
+        "CREATE INDEX document_paths_by_path ON document_paths(path)",
+        # lines: JSON [[n, start, end, role], ...] with offsets into the document text, so
+        # `show --page` is one row read; the line text is text[start - pages.start : ...].
+        """CREATE TABLE pages (
+            id INTEGER PRIMARY KEY,
+            doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+            n INTEGER NOT NULL,
+            label TEXT,
+            start INTEGER NOT NULL,
+            "end" INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            lines TEXT NOT NULL,
+            UNIQUE (doc_id, n)
+        )""",
+        """CREATE TABLE sections (
+            doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+            ord INTEGER NOT NULL,
+            id TEXT NOT NULL,
+            number TEXT,
+            title TEXT NOT NULL,
+            level INTEGER NOT NULL,
+            parent_id TEXT,
+            char_start INTEGER NOT NULL,
+            char_end INTEGER NOT NULL,
+            page_start INTEGER NOT NULL,
+            line_start INTEGER NOT NULL,
+            page_end INTEGER NOT NULL,
+            line_end INTEGER NOT NULL,
+            element_id TEXT,
+            PRIMARY KEY (doc_id, id)
+        )""",
+        """CREATE TABLE anchors (
+            doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            subtype TEXT,
+            text TEXT NOT NULL,
+            value TEXT NOT NULL,
+            char_start INTEGER NOT NULL,
+            char_end INTEGER NOT NULL,
+            page INTEGER NOT NULL,
+            line INTEGER NOT NULL,
+            section_id TEXT,
+            target_section_id TEXT,
+            PRIMARY KEY (doc_id, idx)
+        )""",
+        "CREATE INDEX anchors_by_type_value ON anchors(type, value)",
+        """CREATE TABLE segments (
+            id INTEGER PRIMARY KEY,
+            doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL,
+            char_start INTEGER NOT NULL,
+            char_end INTEGER NOT NULL,
+            page_start INTEGER NOT NULL,
+            line_start INTEGER NOT NULL,
+            page_end INTEGER NOT NULL,
+            line_end INTEGER NOT NULL,
+            token_count INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            UNIQUE (doc_id, idx)
+        )""",
+    ]
+    # The indexes are built from normalised text (pipelines.search.index_text), which is
+    # never read back, so they are contentless (half the size); rowid = pages.id /
+    # segments.id. Removing a row takes the 'delete' command with that same index text.
+    for unit in FTS_UNITS:
+        for name, spec in FTS_TOKENIZERS.items():
+            statements.append(
+                f"CREATE VIRTUAL TABLE {fts_table(unit, name)}"
+                f" USING fts5(text, content='', tokenize='{spec}')"
+            )
+    _run(db, statements)
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [m001_initial]
+
+
+def applied(db: Database) -> set[str]:
+    if "_migrations" not in db.table_names():
+        return set()
+    return {row["name"] for row in db.query("SELECT name FROM _migrations")}
+
+
+def migrate(db: Database) -> list[str]:
+    """Apply pending migrations in order; returns the names applied now."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    done_now = []
+    for migration in MIGRATIONS:
+        name = migration.__name__
+        if name in applied(db):
+            continue
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-checked under the write lock: another process may have just applied it.
+            if name not in applied(db):
+                migration(db)
+                db.execute(
+                    "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)",
+                    [name, datetime.now(timezone.utc).isoformat(timespec="seconds")],
+                )
+                done_now.append(name)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.conn.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+    return done_now

@@ -1,0 +1,462 @@
+"""PDF → pages of lines, with pypdf.
+
+Line rule (what `docqa show --page` displays and citations count): a page's lines are
+pypdf's `page.extract_text()` split with `str.splitlines()`, each line stripped of trailing
+whitespace, lines that are then empty dropped; leading whitespace is kept (monospaced EDGAR
+layouts indent with it). A page without text is kept as a page with zero lines, so physical
+page numbers never shift.
+
+On a page detected as two-column the same lines are reordered (and a line that pypdf glued
+across the gutter is cut in two): bands separated by full-width lines, in each band the left
+column before the right, each column in pypdf's order. Display text is never rewritten:
+ligatures and hyphenation stay as printed; `textnorm` deals with them when matching.
+
+Lines repeated at the top or bottom of many pages (modulo digits) get role "header"/"footer";
+they are kept, so line numbers still match what the page shows.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import re
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from pypdf import PasswordType, PdfReader
+from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
+from pypdf.generic._font import Font
+
+from .document import RawLine, RawPage
+from .errors import IngestError
+
+NO_TEXT_LAYER = "no text layer (scanned?); OCR is not supported"
+
+# Header/footer detection: how many lines at each edge are candidates, and on how many pages
+# (absolute and as a share of pages with text) a normalised line must recur.
+_EDGE_LINES = 3
+_MIN_REPEAT_PAGES = 3
+_MIN_REPEAT_SHARE = 0.25
+
+_IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
+_DIGITS = re.compile(r"\d+")
+_ROMAN = re.compile(r"\b[ivxlcdm]+\b")
+_SPACES = re.compile(r"\s+")
+
+
+def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage], dict]:
+    """Read a PDF into one `RawPage` per physical page plus its metadata.
+
+    `data`, when given, is the file's content (so callers that already hashed it need not
+    read it twice); otherwise `path` is read. Every failure — unreadable, not a PDF,
+    truncated, corrupt, password-protected, no text layer — raises `IngestError(path, reason)`.
+
+    Metadata keys: title, author, subject, creator, producer, creation_date, mod_date (ISO 8601
+    or None), pdf_version, page_count, encrypted (the file was encrypted, even if it opened
+    with the empty password), blank_pages, two_column_pages, two_column_page_numbers (list of str), header_lines,
+    footer_lines.
+    """
+    where = str(path)
+    if data is None:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise IngestError(where, f"cannot read file: {e.strerror or e}") from None
+    _check_envelope(where, data)
+    with _quiet_pypdf():
+        try:
+            reader, encrypted = _open(where, data)
+            pages = [_extract_page(page) for page in reader.pages]
+            meta = _metadata(reader, data)
+        except IngestError:
+            raise
+        except (FileNotDecryptedError, DependencyError) as e:
+            raise IngestError(where, f"cannot decrypt PDF: {_one_line(e)}") from None
+        except RecursionError:
+            raise IngestError(where, "corrupt PDF: object structure nested too deeply") from None
+        except MemoryError:
+            raise IngestError(where, "PDF too large or pathological to parse in memory") from None
+        except Exception as e:  # pypdf raises many types on malformed input; all are bad files
+            raise IngestError(where, f"corrupt PDF: {_one_line(e)}") from None
+    if not pages:
+        raise IngestError(where, "PDF has no pages")
+    if not any(p.lines for p in pages):
+        raise IngestError(where, NO_TEXT_LAYER)
+
+    header_lines, footer_lines = _mark_headers_footers(pages)
+    raw_pages = [RawPage(lines=[RawLine(text=ln.text, role=ln.role) for ln in p.lines]) for p in pages]
+    meta.update(
+        encrypted=encrypted,
+        page_count=len(pages),
+        blank_pages=sum(1 for p in pages if not p.lines),
+        two_column_pages=sum(1 for p in pages if p.two_column),
+        two_column_page_numbers=[str(i + 1) for i, p in enumerate(pages) if p.two_column],
+        header_lines=header_lines,
+        footer_lines=footer_lines,
+    )
+    return raw_pages, meta
+
+
+# --- opening -------------------------------------------------------------------------------
+
+
+def _check_envelope(where: str, data: bytes) -> None:
+    if not data:
+        raise IngestError(where, "empty file (0 bytes)")
+    if b"%PDF-" not in data[:1024]:
+        raise IngestError(where, "not a PDF (no %PDF- header)")
+    # A cut-off download still has its first pages, and pypdf would happily rebuild a partial
+    # document from them; refusing it is better than citing a document with pages missing.
+    if b"%%EOF" not in data[-2048:]:
+        raise IngestError(where, "truncated PDF (no %%EOF marker at the end of the file)")
+
+
+def _open(where: str, data: bytes) -> tuple[PdfReader, bool]:
+    try:
+        reader = PdfReader(io.BytesIO(data), strict=False)
+    except PdfReadError as e:
+        raise IngestError(where, f"corrupt PDF: {_one_line(e)}") from None
+    encrypted = reader.is_encrypted
+    if encrypted:
+        try:
+            result = reader.decrypt("")
+        except DependencyError as e:
+            raise IngestError(where, f"cannot decrypt PDF: {_one_line(e)}") from None
+        if result == PasswordType.NOT_DECRYPTED:
+            raise IngestError(where, "password-protected PDF (a user password is required to open it)")
+    return reader, encrypted
+
+
+@contextmanager
+def _quiet_pypdf() -> Iterator[None]:
+    # pypdf logs a warning for every recoverable defect; unconfigured logging would print them
+    # all on stderr, where the CLI promises one clear line per bad file.
+    logger = logging.getLogger("pypdf")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _one_line(e: BaseException) -> str:
+    text = _SPACES.sub(" ", str(e)).strip() or type(e).__name__
+    return text[:200]
+
+
+def _metadata(reader: PdfReader, data: bytes) -> dict:
+    info = None
+    try:
+        info = reader.metadata
+    except Exception:  # a broken /Info dictionary should not cost us the text
+        pass
+
+    def text(attr: str) -> str | None:
+        try:
+            value = getattr(info, attr) if info is not None else None
+        except Exception:
+            return None
+        value = str(value).strip() if value is not None else ""
+        return value or None
+
+    def date(attr: str) -> str | None:
+        try:
+            value = getattr(info, attr) if info is not None else None
+        except Exception:  # pypdf raises on malformed date strings
+            return None
+        return value.isoformat() if value is not None else None
+
+    header = re.match(rb"%PDF-(\d\.\d)", data[data.find(b"%PDF-") :])
+    return {
+        "title": text("title"),
+        "author": text("author"),
+        "subject": text("subject"),
+        "creator": text("creator"),
+        "producer": text("producer"),
+        "creation_date": date("creation_date"),
+        "mod_date": date("modification_date"),
+        "pdf_version": header.group(1).decode() if header else None,
+    }
+
+
+# --- one page ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Chunk:
+    """One piece of text as pypdf emitted it, with where it starts on the page."""
+
+    text: str
+    start: int  # offset in the page's extracted text
+    x: float
+    y: float
+    size: float  # font size in page units
+    font: Any
+    upright: bool  # horizontal, left to right: the only text that takes part in column layout
+
+
+@dataclass
+class _Line:
+    text: str
+    chunks: list[_Chunk] = field(default_factory=list)
+    role: str = "body"
+
+    @property
+    def positioned(self) -> list[_Chunk]:
+        return [c for c in self.chunks if c.text.strip()]
+
+    @property
+    def x0(self) -> float | None:
+        pc = self.positioned
+        return pc[0].x if pc else None
+
+    @property
+    def y(self) -> float | None:
+        pc = self.positioned
+        return pc[0].y if pc else None
+
+
+@dataclass
+class _Page:
+    lines: list[_Line]
+    width: float
+    left: float
+    two_column: bool = False
+
+
+def _mult(m: tuple | list, n: tuple | list) -> tuple:
+    return (
+        m[0] * n[0] + m[1] * n[2],
+        m[0] * n[1] + m[1] * n[3],
+        m[2] * n[0] + m[3] * n[2],
+        m[2] * n[1] + m[3] * n[3],
+        m[4] * n[0] + m[5] * n[2] + n[4],
+        m[4] * n[1] + m[5] * n[3] + n[5],
+    )
+
+
+class _Collector:
+    """Visitors for `extract_text` that record each emitted piece of text and its position.
+
+    pypdf reports text inside a form XObject in the form's own coordinates, so we keep the
+    page transformation in force at each `Do`. A frame becomes active only when the form's
+    first operator runs: pypdf flushes pending page text between our `Do` callback and then.
+    """
+
+    def __init__(self) -> None:
+        self.chunks: list[_Chunk] = []
+        self.length = 0
+        self._frames: list[list] = []  # [matrix, active]
+
+    def _base(self) -> tuple:
+        for matrix, active in reversed(self._frames):
+            if active:
+                return matrix
+        return _IDENTITY
+
+    def before(self, op: bytes, args: Any, cm: list, tm: list) -> None:
+        if self._frames and not self._frames[-1][1]:
+            self._frames[-1][1] = True
+        if op == b"Do":
+            self._frames.append([_mult(cm, self._base()), False])
+
+    def after(self, op: bytes, args: Any, cm: list, tm: list) -> None:
+        if op == b"Do" and self._frames:
+            self._frames.pop()
+
+    def text(self, text: str, cm: list, tm: list, font: Any, size: float) -> None:
+        if not text:
+            return
+        m = _mult(_mult(tm, cm), self._base())
+        scale = math.hypot(m[2], m[3]) or 1.0
+        upright = m[0] > 0 and abs(m[1]) <= 0.01 * m[0]
+        self.chunks.append(_Chunk(text, self.length, m[4], m[5], (size or 0.0) * scale, font, upright))
+        self.length += len(text)
+
+
+def _extract_page(page: Any) -> _Page:
+    collector = _Collector()
+    text = page.extract_text(
+        visitor_text=collector.text,
+        visitor_operand_before=collector.before,
+        visitor_operand_after=collector.after,
+    )
+    try:
+        box = page.cropbox
+        left, width = float(box.left), float(box.width)
+    except Exception:
+        left, width = 0.0, 612.0
+    positions_ok = "".join(c.text for c in collector.chunks) == text
+    lines = _split_lines(text, collector.chunks if positions_ok else [])
+    result = _Page(lines=lines, width=abs(width) or 612.0, left=left)
+    if positions_ok and not page.get("/Rotate"):
+        _order_columns(result)
+    return result
+
+
+def _split_lines(text: str, chunks: list[_Chunk]) -> list[_Line]:
+    """The line rule, with each line's chunks attached when positions are known."""
+    lines: list[_Line] = []
+    pos = 0
+    ci = 0
+    for raw in text.splitlines(keepends=True):
+        start, pos = pos, pos + len(raw)
+        content = raw.rstrip()
+        if not content:
+            continue
+        mine = []
+        while ci < len(chunks) and chunks[ci].start + len(chunks[ci].text) <= start:
+            ci += 1
+        j = ci
+        while j < len(chunks) and chunks[j].start < start + len(content):
+            mine.append(chunks[j])
+            j += 1
+        lines.append(_Line(content, mine))
+    return lines
+
+
+# --- columns -------------------------------------------------------------------------------
+
+
+class _Widths:
+    """Where a chunk's text ends, from its font's /Widths; metrics cached per font object."""
+
+    def __init__(self) -> None:
+        self._fonts: dict[int, tuple[Any, dict[str, str], dict[str, float], float]] = {}
+
+    def end(self, chunk: _Chunk) -> float:
+        fd = chunk.font
+        metrics = self._fonts.get(id(fd))
+        if metrics is None or metrics[0] is not fd:
+            metrics = self._fonts[id(fd)] = _font_metrics(fd)
+        _, reverse, widths, default = metrics
+        text = chunk.text.split("\n", 1)[0].rstrip()
+        units = sum(widths.get(reverse.get(ch, ch), default) for ch in text)
+        return chunk.x + units / 1000.0 * chunk.size
+
+    def line_end(self, line: _Line) -> float:
+        return self.end(line.positioned[-1])
+
+
+def _font_metrics(fd: Any) -> tuple[Any, dict[str, str], dict[str, float], float]:
+    # Widths are keyed by character code and the text we hold is Unicode: hence the reverse map.
+    try:
+        font = Font.from_font_resource(fd)
+        widths = {k: float(v) for k, v in font.character_widths.items() if k != "default"}
+        default = float(font.character_widths.get("default", 500)) or 500.0
+        reverse = {v: k for k, v in font.character_map.items() if isinstance(v, str)}
+        if isinstance(font.encoding, dict):
+            for code, ch in font.encoding.items():
+                reverse.setdefault(ch, chr(code))
+    except Exception:  # no usable metrics: half an em per character is a fair guess
+        widths, default, reverse = {}, 500.0, {}
+    return fd, reverse, widths, default
+
+
+def _cut_at_gutter(line: _Line, gutter: float, min_gap: float, widths: _Widths) -> list[_Line]:
+    """Split a line that pypdf glued together from both columns (same baseline, drawn in a row)."""
+    pcs = line.positioned
+    for k in range(1, len(pcs)):
+        prev, cur = pcs[k - 1], pcs[k]
+        if prev.x < gutter <= cur.x and cur.upright and widths.end(prev) <= cur.x - min_gap:
+            cut = max(0, min(len(line.text), cur.start - line.chunks[0].start))
+            left, right = line.text[:cut].rstrip(), line.text[cut:].strip()
+            # Only where pypdf itself saw a word gap, so no word is ever cut in two.
+            if left and right and line.text[cut - 1 : cut + 1].strip() != line.text[cut - 1 : cut + 1]:
+                i = line.chunks.index(cur)
+                rest = _Line(right, line.chunks[i:])
+                return [_Line(left, line.chunks[:i]), *_cut_at_gutter(rest, gutter, min_gap, widths)]
+    return [line]
+
+
+def _order_columns(page: _Page) -> None:
+    """Detect a two-column page and put each band's left column before its right column."""
+    widths = _Widths()
+    mid = page.left + page.width / 2
+    tol = 0.02 * page.width
+    if sum(1 for ln in page.lines if ln.positioned) < 6:
+        return
+    pieces: list[_Line] = []
+    for ln in page.lines:
+        pieces.extend(_cut_at_gutter(ln, mid - tol, tol, widths) if ln.positioned else [ln])
+    placed = [p for p in pieces if p.positioned and p.positioned[0].upright]
+    if len(placed) < 12:
+        return
+    # Only lines long enough to be running text count, so table cells and labels do not.
+    right = [p for p in placed if p.x0 >= mid - tol and len(p.text.strip()) >= 20]
+    left = [p for p in placed if p.x0 < mid - tol and len(p.text.strip()) >= 20]
+    if len(right) < 6 or len(left) < 6:
+        return
+    right_start = min(p.x0 for p in right)
+    # A left column's running text stops short of the right column.
+    if sum(1 for p in left if widths.line_end(p) <= right_start + tol) < 0.5 * len(left):
+        return
+    top, bottom = max(p.y for p in right), min(p.y for p in right)
+    if sum(1 for p in left if bottom - 5 <= p.y <= top + 5) < 6:
+        return
+
+    def kind(ln: _Line) -> str:
+        if not ln.positioned or not ln.positioned[0].upright:
+            return "?"  # rotated margin notes and the like stay after what preceded them
+        if ln.x0 >= mid - tol:
+            return "R"
+        return "S" if widths.line_end(ln) > right_start + tol else "L"
+
+    kinds = [kind(ln) for ln in pieces]
+    # Full-width lines cut the page into bands read top to bottom.
+    spans = sorted({round(p.y, 1) for p, k in zip(pieces, kinds) if k == "S"}, reverse=True)
+
+    def band(ln: _Line) -> int:
+        return sum(1 for s in spans if s >= ln.y - 0.5)
+
+    keys: list[tuple[int, int, int]] = []
+    last = (0, 0)
+    for i, (ln, k) in enumerate(zip(pieces, kinds)):
+        if k != "?":
+            b = band(ln)
+            last = (b, {"S": 0, "L": 1, "R": 2}[k])
+        keys.append((*last, i))
+    keys.sort()
+    page.lines = [pieces[i] for *_, i in keys]
+    page.two_column = True
+
+
+# --- headers and footers -------------------------------------------------------------------
+
+
+def _edge_key(text: str) -> str:
+    key = _SPACES.sub(" ", text).strip().casefold()
+    key = _ROMAN.sub("#", _DIGITS.sub("#", key))
+    return key
+
+
+def _edges(lines: list[_Line]) -> tuple[list[_Line], list[_Line]]:
+    """The candidate header lines (top of the page) and footer lines (bottom)."""
+    if all(ln.y is not None for ln in lines):
+        by_y = sorted(lines, key=lambda ln: -ln.y)
+        return by_y[:_EDGE_LINES], by_y[::-1][:_EDGE_LINES]
+    return lines[:_EDGE_LINES], lines[::-1][:_EDGE_LINES]
+
+
+def _mark_headers_footers(pages: list[_Page]) -> tuple[int, int]:
+    text_pages = [p for p in pages if p.lines]
+    need = max(_MIN_REPEAT_PAGES, math.ceil(_MIN_REPEAT_SHARE * len(text_pages)))
+    tops, bottoms = Counter(), Counter()
+    for p in text_pages:
+        head, foot = _edges(p.lines)
+        tops.update({_edge_key(ln.text) for ln in head})
+        bottoms.update({_edge_key(ln.text) for ln in foot})
+    counts = {"header": 0, "footer": 0}
+    for p in text_pages:
+        head, foot = _edges(p.lines)
+        for role, cands, seen in (("header", head, tops), ("footer", foot, bottoms)):
+            for ln in cands:
+                if ln.role == "body" and seen[_edge_key(ln.text)] >= need:
+                    ln.role = role
+                    counts[role] += 1
+    return counts["header"], counts["footer"]
