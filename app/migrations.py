@@ -15,7 +15,7 @@ from sqlite_utils import Database
 
 # Retrieval units and the tokenizers each is indexed with; `pipelines.search` decides
 # what text goes into each index and how a question becomes a MATCH expression.
-FTS_UNITS = ("segments", "pages")
+FTS_UNITS = ("segments", "pages", "passages")
 FTS_TOKENIZERS = {
     "unicode61": "unicode61 remove_diacritics 2",
     "trigram": "trigram",
@@ -119,7 +119,7 @@ def m001_initial(db: Database) -> None:
     # The indexes are built from normalised text (pipelines.search.index_text), which is
     # never read back, so they are contentless (half the size); rowid = pages.id /
     # segments.id. Removing a row takes the 'delete' command with that same index text.
-    for unit in FTS_UNITS:
+    for unit in ("segments", "pages"):
         for name, spec in FTS_TOKENIZERS.items():
             statements.append(
                 f"CREATE VIRTUAL TABLE {fts_table(unit, name)}"
@@ -128,7 +128,76 @@ def m001_initial(db: Database) -> None:
     _run(db, statements)
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [m001_initial]
+def m002_passages(db: Database) -> None:
+    """Passages (a few lines of one page): the unit retrieval ranks and evidence cites."""
+    statements = [
+        """CREATE TABLE passages (
+            id INTEGER PRIMARY KEY,
+            doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL,
+            page INTEGER NOT NULL,
+            label TEXT,
+            line_start INTEGER NOT NULL,
+            line_end INTEGER NOT NULL,
+            char_start INTEGER NOT NULL,
+            char_end INTEGER NOT NULL,
+            section_id TEXT,
+            text TEXT NOT NULL,
+            UNIQUE (doc_id, idx)
+        )""",
+    ]
+    for name, spec in FTS_TOKENIZERS.items():
+        statements.append(
+            f"CREATE VIRTUAL TABLE {fts_table('passages', name)}"
+            f" USING fts5(text, content='', tokenize='{spec}')"
+        )
+    _run(db, statements)
+
+
+def m003_runs(db: Database) -> None:
+    """Questions asked, the answers given and every citation shown, with how they were made."""
+    _run(
+        db,
+        [
+            """CREATE TABLE runs (
+                id TEXT PRIMARY KEY,
+                kind TEXT NOT NULL,
+                question TEXT NOT NULL,
+                doc_ids TEXT NOT NULL,
+                model TEXT,
+                settings TEXT NOT NULL DEFAULT '{}',
+                status TEXT NOT NULL,
+                answer TEXT,
+                raw_answer TEXT,
+                timings TEXT NOT NULL DEFAULT '{}',
+                created_at TEXT NOT NULL,
+                job_id TEXT,
+                item_id TEXT
+            )""",
+            "CREATE INDEX runs_by_job ON runs(job_id, item_id)",
+            """CREATE TABLE citations (
+                run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+                ord INTEGER NOT NULL,
+                role TEXT NOT NULL,
+                doc_id TEXT NOT NULL,
+                page INTEGER,
+                section_id TEXT,
+                line_start INTEGER NOT NULL,
+                line_end INTEGER NOT NULL,
+                quote TEXT NOT NULL,
+                segment_id INTEGER,
+                verified INTEGER NOT NULL,
+                relocated INTEGER NOT NULL,
+                char_start INTEGER,
+                char_end INTEGER,
+                note TEXT,
+                PRIMARY KEY (run_id, role, ord)
+            )""",
+        ],
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs]
 
 
 def applied(db: Database) -> set[str]:

@@ -18,6 +18,7 @@ from typing import Iterator, Literal
 from sqlite_utils import Database
 
 from ..pipelines.document import Anchor, Document, Line, Page, Section, Segment
+from ..pipelines.passages import Passage, make_passages
 from ..pipelines.search import TOKENIZERS, build_match, index_text
 from .config import BUSY_TIMEOUT_S
 from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreError
@@ -51,8 +52,8 @@ class Hit:
     """One ranked FTS match. `bm25` is SQLite's score: more negative ranks higher."""
 
     doc_id: str
-    unit: str  # "segments" or "pages"
-    index: int  # segment index (0-based) or page number (1-based)
+    unit: str  # "segments", "pages" or "passages"
+    index: int  # segment or passage index (0-based), or page number (1-based)
     page_start: int
     line_start: int
     page_end: int
@@ -179,7 +180,16 @@ class Store:
                  s.line_end, s.token_count, s.text],
             )
             segment_ids.append((cur.lastrowid, s.text))
-        for unit, rows in (("pages", page_ids), ("segments", segment_ids)):
+        passage_ids = []
+        for p in make_passages(doc):
+            cur = db.execute(
+                "INSERT INTO passages (doc_id, idx, page, label, line_start, line_end, char_start,"
+                " char_end, section_id, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [did, p.index, p.page, p.label, p.line_start, p.line_end, p.char_start,
+                 p.char_end, p.section_id, p.text],
+            )
+            passage_ids.append((cur.lastrowid, p.text))
+        for unit, rows in (("pages", page_ids), ("segments", segment_ids), ("passages", passage_ids)):
             for tok in TOKENIZERS:
                 db.conn.executemany(
                     f"INSERT INTO {fts_table(unit, tok)} (rowid, text) VALUES (?, ?)",
@@ -260,6 +270,12 @@ class Store:
         return [
             Segment(index=r.pop("idx"), **{k: v for k, v in r.items() if k not in ("doc_id", "id")})
             for r in self.db.query("SELECT * FROM segments WHERE doc_id = ? ORDER BY idx", [doc_id])
+        ]
+
+    def passages(self, doc_id: str) -> list[Passage]:
+        return [
+            Passage(index=r.pop("idx"), **{k: v for k, v in r.items() if k != "id"})
+            for r in self.db.query("SELECT * FROM passages WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
 
     @staticmethod
@@ -361,6 +377,8 @@ class Store:
             params += list(doc_ids)
         if unit == "segments":
             cols = "u.idx, u.page_start, u.line_start, u.page_end, u.line_end"
+        elif unit == "passages":
+            cols = "u.idx, u.page, u.line_start, u.page, u.line_end"
         else:
             cols = "u.n, u.n, 1, u.n, json_array_length(u.lines)"
         sql = (

@@ -386,6 +386,28 @@ def _metadata(root, parser: str, encoding: str) -> dict:
     return meta
 
 
+def _unique_labels(units) -> list[str]:
+    """Every unit needs a label citations can name. A unit with no id of its own takes
+    "top" (which browsers resolve to the top of the page) before any id, else the previous
+    id with "~k"; a repeated id gets "~k" too. Links drop the "~k" (see `link_target`)."""
+    out, seen, prev, k = [], set(), "top", 0
+    for u in units:
+        if u.label and u.label not in seen:
+            prev, k = u.label, 0
+            label = u.label
+        else:
+            k += 1
+            label = prev if (prev == "top" and k == 1 and "top" not in seen) else f"{prev}~{k}"
+        seen.add(label)
+        out.append(label)
+    return out
+
+
+def link_target(label: str) -> str:
+    """The element id to link to for a unit label (the part before any "~k")."""
+    return label.split("~", 1)[0]
+
+
 def parse_html(path, data: bytes | None = None) -> tuple[list[RawPage], list[RawSection], dict]:
     """Parse an HTML or XHTML file into (units, sections, metadata).
 
@@ -404,7 +426,7 @@ def parse_html(path, data: bytes | None = None) -> tuple[list[RawPage], list[Raw
 
     units = [u for u in walker.units if u.lines or u is not walker.units[0]]
     offset = 0 if walker.units[0].lines else 1
-    pages = [RawPage(lines=[RawLine(text=t) for t in u.lines], label=u.label) for u in units]
+    pages = [RawPage(lines=[RawLine(text=t) for t in u.lines], label=lbl) for u, lbl in zip(units, _unique_labels(units))]
     if not any(p.lines for p in pages):
         raise IngestError(str(path), "no text content in the HTML")
     sections = _levelled([(s, s.level, i + 1 - offset) for s, i in walker.sections])

@@ -266,7 +266,7 @@ def test_pre_and_lists_and_br():
         "",
         "  last",
     ]
-    assert sections == [] and pages[0].label is None
+    assert sections == [] and pages[0].label == "top"
 
 
 def test_dropped_elements():
@@ -374,3 +374,14 @@ def test_bad_html_inputs(tmp_path):
         parse_html("s.html", b"<html><body><script>only()</script></body></html>")
     with pytest.raises(IngestError, match="cannot read"):
         parse_html(tmp_path / "missing.html")
+
+
+def test_every_unit_has_a_unique_citable_label():
+    from docqa.pipelines.html import link_target, parse_html
+
+    for name in ("rfc9110_HTTP_Semantics.html", "w3c_webauthn_level3_editors_draft.html"):
+        pages, _, _ = parse_html(CORPUS / name)
+        labels = [p.label for p in pages]
+        assert all(labels) and len(set(labels)) == len(labels)
+        assert labels[0] == "top" or "~" not in labels[0]
+        assert all(link_target(lb) and "~" not in link_target(lb) for lb in labels)
