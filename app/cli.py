@@ -312,5 +312,136 @@ def _show_info(info, as_json: bool) -> None:
         out.print(f"{'path':<12} {p}")
 
 
+@app.command()
+@cli_errors
+def ask(
+    args: Annotated[
+        list[str],
+        typer.Argument(help="One or more documents (doc id, id prefix or ingested path), then the question.",
+                       metavar="DOC... QUESTION"),
+    ],
+    model: Annotated[
+        Optional[str],
+        typer.Option("--model", help="GGUF file or HF checkpoint dir [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]"),
+    ] = None,
+    evidence_only: Annotated[
+        bool, typer.Option("--evidence-only", help="No model: the ranked, cited passages only.")
+    ] = False,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
+    budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = 3000,
+    db: db_option = None,
+    as_json: json_option = False,
+) -> None:
+    """Answer a question about ingested documents, citing page and lines.
+
+    Every citation in the answer is checked against the source: its quoted words must
+    appear on the lines it names (a quote found on other lines is re-pointed there). An
+    answer with no verifiable citation is not shown; the top evidence is shown instead.
+
+    Example: docqa ask contract.pdf "What is the notice period for termination?"
+    """
+    from .ask import AskSettings, ask as run_ask
+
+    if len(args) < 2:
+        raise typer.BadParameter("give at least one document and the question")
+    *refs, question = args
+    if not question.strip():
+        raise typer.BadParameter("the question is empty")
+    settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
+                           budget_tokens=budget)
+    stream = err.is_terminal and not as_json
+
+    def on_token(delta: str) -> None:
+        err.file.write(delta)
+        err.file.flush()
+
+    with open_store(db) as store:
+        if stream and not evidence_only:
+            err.print("draft (unverified): ", end="")
+        run = run_ask(store, refs, question, settings, on_token=on_token if stream else None)
+    if stream and not evidence_only:
+        err.print()
+    if as_json:
+        print_json(run_json(run))
+    else:
+        print_run(run)
+
+
+def run_json(run) -> dict:
+    """The `ask --json` shape of SPEC §3 (plus status, run id, evidence)."""
+    cites = run.citations if run.status != "evidence_only" else run.evidence
+    return {
+        "answer": run.answer,
+        "status": run.status,
+        "citations": [c.model_dump(exclude={"char_start", "char_end"}) for c in cites],
+        "evidence": [c.model_dump(exclude={"char_start", "char_end"}) for c in run.evidence],
+        "model": run.model,
+        "timings": run.timings,
+        "run_id": run.id,
+        "question": run.question,
+    }
+
+
+def _cite_label(c, multi: bool) -> str:
+    where = f"SECTION:{c.section_id}" if c.section_id else f"PAGE:{c.page}"
+    lines = f"{c.line_start}" if c.line_start == c.line_end else f"{c.line_start}-{c.line_end}"
+    doc = f"DOC:{c.doc_id}, " if multi else ""
+    return f"[{doc}{where}, LINE:{lines}]"
+
+
+def print_run(run) -> None:
+    multi = len(run.doc_ids) > 1
+    if run.status == "answered":
+        out.print(run.answer)
+        out.print()
+        out.print("citations:")
+        for c in run.citations:
+            if c.verified:
+                note = " (re-pointed: the model named other lines)" if c.relocated else ""
+                out.print(f"  verified {_cite_label(c, multi)}{note}: \"{_short(c.quote)}\"")
+            else:
+                out.print(f"  UNVERIFIED {_cite_label(c, multi)} ({c.note}), not shown as support")
+    elif run.status == "not_found":
+        out.print("Not found in the document (the model found no answer in the passages it read).")
+    elif run.status == "unsupported":
+        out.print("The model's answer could not be verified against the document, so it is not shown.")
+    if run.evidence:
+        out.print()
+        out.print("evidence:")
+        for i, c in enumerate(run.evidence, 1):
+            out.print(f"  {i}. {_cite_label(c, multi)} {_short(c.quote, 160)}")
+    t = run.timings.get("total_s")
+    out.file.flush()
+    err.print(f"run {run.id}" + (f"  model {Path(run.model).name}" if run.model else "")
+              + (f"  {t:.1f} s" if t else ""))
+
+
+def _short(text: str, n: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@app.command()
+@cli_errors
+def runs(
+    limit: Annotated[int, typer.Option("--limit", min=1, help="How many, newest first.")] = 20,
+    db: db_option = None,
+    as_json: json_option = False,
+) -> None:
+    """List recent runs (answers) with their status.
+
+    Example: docqa runs --limit 5 --json
+    """
+    from .runs import list_runs
+
+    with open_store(db) as store:
+        items = list_runs(store, limit=limit)
+    if as_json:
+        print_json([run_json(r) | {"created_at": r.created_at, "job_id": r.job_id} for r in items])
+        return
+    for r in items:
+        out.print(f"{r.id}  {r.status:<13} {','.join(r.doc_ids)}  {_short(r.question, 70)}")
+
+
 def main() -> None:
     app(prog_name="docqa")

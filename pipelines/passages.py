@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict
 
 from .document import Document
 
-TARGET_CHARS = 600  # about a paragraph; long enough for bm25, short enough to cite
-MAX_CHARS = 1200
+TARGET_CHARS = 400  # about a paragraph; long enough for bm25, short enough to cite
+MAX_CHARS = 1000
 
 
 class Passage(BaseModel):
@@ -44,6 +44,7 @@ def _ends_paragraph(text: str) -> bool:
 def make_passages(doc: Document) -> list[Passage]:
     out: list[Passage] = []
     sec_starts = [(s.char_start, s.id) for s in doc.sections]
+    heading_at = {s.char_start for s in doc.sections}
     for page in doc.pages:
         body = [ln for ln in page.lines if ln.role == "body" and ln.text.strip()]
         group: list = []
@@ -79,7 +80,9 @@ def make_passages(doc: Document) -> list[Passage]:
         for ln in body:
             # A blank line (or a header) between two lines is a paragraph break.
             gap = prev_n is not None and ln.n != prev_n + 1
-            if group and (size >= MAX_CHARS or (size >= TARGET_CHARS and (gap or _ends_paragraph(group[-1].text)))):
+            # A clause heading always starts a passage, so evidence is cited clause by clause.
+            if group and (ln.start in heading_at or size >= MAX_CHARS
+                          or (size >= TARGET_CHARS and (gap or _ends_paragraph(group[-1].text)))):
                 flush()
             group.append(ln)
             size += len(ln.text) + 1

@@ -1,0 +1,67 @@
+"""`docqa ask` end to end on the project's own sample contract, whose page/line layout is
+known by construction (fixtures/make_pdf.py writes one PDF line per text line)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from docqa.app.cli import app
+from docqa.fixtures.make_pdf import write_sample_contract_pdf
+from docqa.pipelines.textnorm import normalize
+
+QUESTION = "How much notice must the Customer give to terminate for convenience?"
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ask")
+    pdf = write_sample_contract_pdf(tmp / "sample_contract.pdf")
+    db = tmp / "docqa.db"
+    r = CliRunner().invoke(app, ["ingest", str(pdf), "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    return pdf, db
+
+
+def _ask(ingested, *extra):
+    pdf, db = ingested
+    r = CliRunner().invoke(app, ["ask", str(pdf), QUESTION, "--db", str(db), "--json", *extra])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _source_lines(page):
+    import docqa.fixtures as fx
+    from docqa.fixtures.make_pdf import text_to_pages
+
+    text = (Path(fx.__file__).parent / "sample_contract.txt").read_text()
+    # pypdf drops the empty lines; line 1 is the running header the PDF writer adds.
+    return ["Northwind / Bluebird - Confidential"] + [ln for ln in text_to_pages(text)[page - 1] if ln]
+
+
+def test_evidence_only_ranks_the_clause_first(ingested):
+    res = _ask(ingested, "--evidence-only")
+    assert res["answer"] is None and res["status"] == "evidence_only"
+    top = res["citations"][0]
+    assert (top["page"], top["line_start"], top["line_end"]) == (2, 7, 8)
+    # The cited lines are the source text of that clause, as written.
+    lines = _source_lines(2)
+    assert top["quote"] == "\n".join(lines[6:8])
+    assert all(c["verified"] for c in res["citations"])
+
+
+def test_model_answer_only_shows_verified_citations(ingested):
+    res = _ask(ingested, "--max-tokens", "48")
+    assert set(res) >= {"answer", "citations", "model", "timings"}
+    assert res["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert res["timings"]["prefill_s"] > 0
+    if res["status"] == "answered":
+        shown = [c for c in res["citations"] if c["verified"]]
+        assert shown
+        for c in shown:  # every verified quote is really on its lines
+            lines = _source_lines(c["page"])[c["line_start"] - 1 : c["line_end"]]
+            assert normalize(c["quote"]) in normalize(" ".join(lines))
+    else:
+        assert res["answer"] in (None, "Not found in the document.")
+        assert res["evidence"]
