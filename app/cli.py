@@ -443,5 +443,11 @@ def runs(
         out.print(f"{r.id}  {r.status:<13} {','.join(r.doc_ids)}  {_short(r.question, 70)}")
 
 
+# review, export, browse: defined in review_cli, which uses the helpers above.
+from .review_cli import register as register_review_commands  # noqa: E402
+
+register_review_commands(app)
+
+
 def main() -> None:
     app(prog_name="docqa")

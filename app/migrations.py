@@ -197,7 +197,50 @@ def m003_runs(db: Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs]
+def m004_jobs(db: Database) -> None:
+    """Review jobs: the checklist and documents of each job, and which (document, item)
+    pairs are answered. A `job_items` row is written by a trigger in the same transaction
+    as its run, and its primary key refuses a second answer to the same pair, so a job
+    killed at any moment and resumed has every pair answered exactly once."""
+    _run(
+        db,
+        [
+            """CREATE TABLE jobs (
+                id TEXT PRIMARY KEY,
+                checklist_name TEXT NOT NULL,
+                checklist TEXT NOT NULL,
+                checklist_digest TEXT NOT NULL,
+                settings TEXT NOT NULL DEFAULT '{}',
+                status TEXT NOT NULL,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL
+            )""",
+            """CREATE TABLE job_documents (
+                job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+                doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+                ord INTEGER NOT NULL,
+                path TEXT NOT NULL,
+                PRIMARY KEY (job_id, doc_id)
+            )""",
+            """CREATE TABLE job_items (
+                job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+                doc_id TEXT NOT NULL,
+                item_id TEXT NOT NULL,
+                run_id TEXT NOT NULL UNIQUE REFERENCES runs(id) ON DELETE CASCADE,
+                PRIMARY KEY (job_id, doc_id, item_id)
+            )""",
+            """CREATE TRIGGER runs_record_job_item AFTER INSERT ON runs
+               WHEN NEW.job_id IS NOT NULL AND NEW.item_id IS NOT NULL
+                 AND NEW.kind IN ('review', 'conflict')
+               BEGIN
+                 INSERT INTO job_items (job_id, doc_id, item_id, run_id)
+                 VALUES (NEW.job_id, json_extract(NEW.doc_ids, '$[0]'), NEW.item_id, NEW.id);
+               END""",
+        ],
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs]
 
 
 def applied(db: Database) -> set[str]:

@@ -1,0 +1,277 @@
+"""Citation-backed reports of a run or a review job: Markdown, self-contained HTML, JSON.
+
+`build_report()` reads what is stored (runs, citations, the job's checklist) into one
+plain structure; each format renders that structure and nothing else, so the three always
+agree. Links point at the source: `file:///…/contract.pdf#page=12` for PDFs (what browsers'
+PDF viewers open at the page), `file:///…/rfc9110.html#<element id>` for HTML. Document
+text is data: the HTML template escapes everything (jinja2 autoescape) and its
+Content-Security-Policy forbids scripts and any external load; Markdown escapes `<`, `>`
+and `&` so a renderer cannot turn a quote into markup.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import jinja2
+
+from ..pipelines.citations import Citation
+from ..pipelines.html import link_target
+from .errors import DocqaError
+from .review import JobError, get_job, job_runs
+from .runs import Run, RunNotFound, get_run
+from .store import Store
+
+Format = Literal["md", "html", "json"]
+FORMATS = ("md", "html", "json")
+
+
+@dataclass
+class CitationView:
+    doc_id: str
+    label: str  # "p. 12, lines 30-34" / "§ rfc.section.15.5.5, line 3"
+    marker: str  # "[PAGE:12, LINE:30-34]", as answers write it
+    href: str | None
+    quote: str
+    verified: bool
+    page: int | None
+    section_id: str | None
+    line_start: int
+    line_end: int
+
+
+@dataclass
+class Row:
+    item_id: str | None
+    question: str
+    type: str | None
+    kind: str
+    status: str
+    answer: str | None
+    run_id: str | None
+    model: str | None
+    citations: list[CitationView] = field(default_factory=list)
+    evidence: list[CitationView] = field(default_factory=list)
+
+
+@dataclass
+class DocReport:
+    doc_id: str
+    path: str
+    title: str | None
+    rows: list[Row]
+
+
+@dataclass
+class Report:
+    kind: Literal["job", "run"]
+    id: str
+    title: str
+    checklist: str | None
+    settings: dict
+    created_at: str
+    documents: list[DocReport]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self.documents:
+            for r in d.rows:
+                out[r.status] = out.get(r.status, 0) + 1
+        return dict(sorted(out.items()))
+
+
+def source_href(path: str, doc_type: str, c: Citation) -> str | None:
+    """Where a citation opens in the source file (None when the file is gone)."""
+    p = Path(path)
+    if not p.is_absolute():
+        return None
+    uri = p.as_uri()
+    if c.section_id:
+        return f"{uri}#{link_target(c.section_id)}"
+    if doc_type == "pdf" and c.page:
+        return f"{uri}#page={c.page}"
+    return uri
+
+
+def _view(store: Store, c: Citation, doc_cache: dict) -> CitationView:
+    if c.doc_id not in doc_cache:
+        row = store.db.execute("SELECT path, type FROM documents WHERE doc_id = ?", [c.doc_id]).fetchone()
+        doc_cache[c.doc_id] = row or ("", "")
+    path, doc_type = doc_cache[c.doc_id]
+    lines = f"line {c.line_start}" if c.line_start == c.line_end else f"lines {c.line_start}-{c.line_end}"
+    label = f"§ {c.section_id}, {lines}" if c.section_id else f"p. {c.page}, {lines}"
+    return CitationView(doc_id=c.doc_id, label=label, marker=c.label(),
+                        href=source_href(path, doc_type, c) if path else None, quote=c.quote,
+                        verified=c.verified, page=c.page, section_id=c.section_id,
+                        line_start=c.line_start, line_end=c.line_end)
+
+
+def _row(store: Store, run: Run | None, doc_cache: dict, *, item=None) -> Row:
+    if run is None:
+        return Row(item_id=item.id, question=item.question, type=item.type, kind="review",
+                   status="pending", answer=None, run_id=None, model=None)
+    shown = [c for c in run.citations if c.verified]  # SPEC §4: unverified never shown as support
+    return Row(
+        item_id=item.id if item else run.item_id,
+        question=item.question if item else run.question,
+        type=item.type if item else None,
+        kind=run.kind, status=run.status, answer=run.answer, run_id=run.id, model=run.model,
+        citations=[_view(store, c, doc_cache) for c in shown],
+        evidence=[_view(store, c, doc_cache) for c in run.evidence],
+    )
+
+
+def build_report(store: Store, ref: str) -> Report:
+    """The report of job `ref`, else of run `ref` (an id or unique prefix)."""
+    doc_cache: dict = {}
+    try:
+        job = get_job(store, ref)
+    except JobError:
+        job = None
+    if job is not None:
+        runs = job_runs(store, job.id)
+        docs = []
+        for doc_id, path in job.documents:
+            info = store.info(doc_id)
+            rows = [_row(store, runs.get((doc_id, it.id)), doc_cache, item=it) for it in job.checklist.items]
+            docs.append(DocReport(doc_id=doc_id, path=path, title=info.title, rows=rows))
+        return Report(kind="job", id=job.id, title=f"Review {job.id}", checklist=job.checklist.name,
+                      settings=job.settings, created_at=job.created_at, documents=docs)
+    try:
+        run = get_run(store, ref)
+    except RunNotFound:
+        raise DocqaError(f"no job or run named {ref!r} (see `docqa runs` or `docqa browse`)") from None
+    docs = []
+    for i, doc_id in enumerate(run.doc_ids):
+        info = store.info(doc_id)
+        rows = [_row(store, run, doc_cache)] if i == 0 else []
+        docs.append(DocReport(doc_id=doc_id, path=info.path, title=info.title, rows=rows))
+    return Report(kind="run", id=run.id, title=f"Answer {run.id}", checklist=None,
+                  settings=run.settings, created_at=run.created_at, documents=docs)
+
+
+# -- renderers --------------------------------------------------------------------------
+
+
+def to_json(report: Report) -> str:
+    value = asdict(report) | {"counts": report.counts()}
+    return json.dumps(value, ensure_ascii=False, indent=2) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _md_quote(text: str) -> str:
+    return "\n".join("> " + _md_escape(line) for line in text.splitlines() or [""])
+
+
+def to_markdown(report: Report) -> str:
+    out = [f"# {_md_escape(report.title)}", ""]
+    if report.checklist:
+        out.append(f"Checklist: `{report.checklist}`  ")
+    mode = "evidence only (no model)" if report.settings.get("evidence_only") else (
+        f"model {report.settings.get('model') or 'default'}")
+    out += [f"Mode: {mode}  ", f"Created: {report.created_at}  ",
+            "Counts: " + ", ".join(f"{k} {v}" for k, v in report.counts().items()), ""]
+    for d in report.documents:
+        name = d.title or Path(d.path).name
+        out += [f"## {_md_escape(name)}", "", f"`{d.doc_id}` — {_md_escape(d.path)}", ""]
+        for r in d.rows:
+            head = f"### {r.item_id}: " if r.item_id else "### "
+            out += [head + _md_escape(r.question), "", f"Status: **{r.status}**", ""]
+            if r.answer:
+                out += [_md_escape(r.answer), ""]
+            for title, cites in (("Citations", r.citations), ("Evidence", r.evidence)):
+                if not cites:
+                    continue
+                out += [f"{title}:", ""]
+                for c in cites:
+                    link = f"[{c.label}]({c.href})" if c.href else c.label
+                    out += [f"- {link} `{c.marker}`{'' if c.verified else ' (UNVERIFIED)'}", "",
+                            _md_quote(c.quote), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+_HTML = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ r.title }}</title>
+<style>
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d2330; margin: 2rem auto; max-width: 1200px; padding: 0 1rem; }
+h1 { font-size: 1.5rem; margin-bottom: .2rem; }
+h2 { font-size: 1.15rem; margin: 2rem 0 .3rem; border-bottom: 2px solid #d9dee7; padding-bottom: .2rem; }
+.meta, .docid { color: #5b6475; font-size: .88rem; }
+.counts span { display: inline-block; margin-right: .6rem; }
+table { border-collapse: collapse; width: 100%; margin-top: .6rem; }
+th, td { text-align: left; vertical-align: top; padding: .45rem .55rem; border-bottom: 1px solid #e3e7ee; }
+th { background: #f3f5f9; font-size: .85rem; text-transform: uppercase; letter-spacing: .03em; color: #4a5366; }
+td.item { width: 24%; } td.answer { width: 30%; white-space: pre-wrap; }
+.id { font-family: ui-monospace, Menlo, monospace; font-size: .8rem; color: #5b6475; display: block; }
+.badge { display: inline-block; border-radius: 9px; padding: 0 .5rem; font-size: .78rem; font-weight: 600; }
+.answered { background: #dff3e4; color: #1b6b34; } .evidence_only { background: #e3ecfa; color: #24508f; }
+.not_found { background: #eceef2; color: #4d5566; } .unsupported { background: #fde9d7; color: #8a4a0f; }
+.pending { background: #f4f4f4; color: #777; }
+tr.conflict td { background: #fff4f4; } tr.conflict .answer { color: #9b1c1c; font-weight: 600; }
+ul.cites { list-style: none; margin: 0; padding: 0; }
+ul.cites li { margin-bottom: .5rem; }
+ul.cites a { font-weight: 600; color: #1f5fbf; text-decoration: none; }
+.marker { font-family: ui-monospace, Menlo, monospace; font-size: .78rem; color: #6b7385; }
+blockquote { margin: .15rem 0 0; padding: .2rem .6rem; border-left: 3px solid #c7d2e3; background: #f8fafc; white-space: pre-wrap; font-size: .86rem; }
+.unverified { color: #b42318; font-weight: 600; }
+.muted { color: #8a91a0; }
+</style>
+</head>
+<body>
+<h1>{{ r.title }}</h1>
+<div class="meta">
+{% if r.checklist %}checklist <b>{{ r.checklist }}</b> · {% endif %}{{ mode }} · created {{ r.created_at }} · {{ r.documents|length }} document(s)
+</div>
+<div class="meta counts">{% for k, v in r.counts().items() %}<span class="badge {{ k }}">{{ k }} {{ v }}</span>{% endfor %}</div>
+{% for d in r.documents %}{% if d.rows %}
+<h2>{{ d.title or name(d.path) }}</h2>
+<div class="docid">{{ d.doc_id }} · {{ d.path }}</div>
+<table>
+<thead><tr><th>Item</th><th>Answer</th><th>Citations</th></tr></thead>
+<tbody>
+{% for row in d.rows %}
+<tr class="{{ 'conflict' if row.kind == 'conflict' and row.status == 'answered' else '' }}">
+<td class="item">{% if row.item_id %}<span class="id">{{ row.item_id }}{% if row.type %} · {{ row.type }}{% endif %}</span>{% endif %}{{ row.question }}</td>
+<td class="answer"><span class="badge {{ row.status }}">{{ row.status }}</span>
+{% if row.answer %}{{ row.answer }}{% elif row.status == 'evidence_only' %}<span class="muted">ranked evidence, no model</span>{% endif %}</td>
+<td><ul class="cites">
+{% for c in (row.citations or row.evidence)[:limit] %}
+<li>{% if c.href %}<a href="{{ c.href }}">{{ c.label }}</a>{% else %}<b>{{ c.label }}</b>{% endif %} <span class="marker">{{ c.marker }}</span>{% if not c.verified %} <span class="unverified">UNVERIFIED</span>{% endif %}
+<blockquote>{{ c.quote | truncate(360) }}</blockquote></li>
+{% endfor %}
+</ul></td>
+</tr>
+{% endfor %}
+</tbody>
+</table>
+{% endif %}{% endfor %}
+</body>
+</html>
+"""
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+
+
+def to_html(report: Report, *, citations_per_row: int = 3) -> str:
+    mode = "evidence only (no model)" if report.settings.get("evidence_only") else (
+        f"model {Path(str(report.settings.get('model'))).name if report.settings.get('model') else 'default'}")
+    return _ENV.from_string(_HTML).render(r=report, mode=mode, limit=citations_per_row,
+                                          name=lambda p: Path(p).name)
+
+
+def export(store: Store, ref: str, fmt: Format) -> str:
+    if fmt not in FORMATS:
+        raise DocqaError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    report = build_report(store, ref)
+    return {"md": to_markdown, "html": to_html, "json": to_json}[fmt](report)

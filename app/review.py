@@ -1,0 +1,309 @@
+"""Review jobs: every checklist item asked of every document, resumable.
+
+A job (table `jobs`, migration m004) records its checklist, its settings and its
+documents. Each (document, item) is one run stored through `ask()` (or, for a `compare`
+item, through `save_run` with the conflict findings); the run and its `job_items` row are
+written in one transaction, and `job_items`' primary key refuses a second answer for the
+same pair. So a job killed at any moment and started again skips what is stored, redoes
+only what was in flight, and ends with every pair answered exactly once.
+
+Items run in two phases: the questions, then the `compare` items, which read the answers
+to their two items on the same document (`pipelines.conflicts`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..pipelines.conflicts import Finding, detect_conflicts
+from ..pipelines.qa import Answer, answer_question
+from .ask import AskSettings, Library, ask, engine_generate, load_engine
+from .checklist import Checklist, ChecklistItem
+from .errors import DocqaError
+from .executor import Executor, SerialExecutor
+from .runs import Run, get_run, save_run
+from .store import Store
+
+
+class JobError(DocqaError):
+    """A job that cannot be started or resumed as asked."""
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    checklist: Checklist
+    settings: dict
+    status: str
+    created_at: str
+    updated_at: str
+    documents: list[tuple[str, str]]  # (doc_id, path), in the order they were added
+
+
+@dataclass
+class ReviewSummary:
+    job_id: str
+    checklist: str
+    documents: list[dict]
+    items: int
+    total: int
+    done_before: int = 0
+    answered_now: int = 0
+    failed: list[dict] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    conflicts: int = 0
+    elapsed_s: float = 0.0
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def default_job_id(checklist: Checklist, doc_ids: list[str], settings: AskSettings) -> str:
+    """The same checklist, documents and mode give the same job, so running the same
+    command again resumes it instead of starting over."""
+    key = json.dumps([checklist.digest(), sorted(doc_ids), settings.evidence_only, settings.model])
+    return f"{checklist.name}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def _job_settings(settings: AskSettings) -> dict:
+    return {"evidence_only": settings.evidence_only, "model": settings.model,
+            "max_tokens": settings.max_tokens, "budget_tokens": settings.budget_tokens}
+
+
+def open_job(store: Store, job_id: str, checklist: Checklist, docs: list[tuple[str, str]],
+             settings: AskSettings) -> Job:
+    """Create the job, or check that an existing one has the same checklist and settings
+    and add any new documents to it."""
+    wanted = _job_settings(settings)
+    with store.transaction() as db:
+        row = db.execute("SELECT checklist_digest, settings FROM jobs WHERE id = ?", [job_id]).fetchone()
+        now = _now()
+        if row is None:
+            db.execute(
+                "INSERT INTO jobs (id, checklist_name, checklist, checklist_digest, settings, status,"
+                " created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                [job_id, checklist.name, checklist.model_dump_json(), checklist.digest(),
+                 json.dumps(wanted), now, now],
+            )
+        else:
+            if row[0] != checklist.digest():
+                raise JobError(f"job {job_id!r} was started with a different checklist; "
+                               "give another --job name")
+            old = json.loads(row[1])
+            for key in ("evidence_only", "model"):
+                if old.get(key) != wanted[key]:
+                    raise JobError(f"job {job_id!r} was started with {key}={old.get(key)!r}, "
+                                   f"not {wanted[key]!r}; give another --job name")
+            db.execute("UPDATE jobs SET status = 'running', updated_at = ? WHERE id = ?", [now, job_id])
+        n = db.execute("SELECT count(*) FROM job_documents WHERE job_id = ?", [job_id]).fetchone()[0]
+        for doc_id, path in docs:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO job_documents (job_id, doc_id, ord, path) VALUES (?, ?, ?, ?)",
+                [job_id, doc_id, n, path],
+            )
+            n += cur.rowcount
+    return get_job(store, job_id)
+
+
+def get_job(store: Store, job_id: str) -> Job:
+    row = next(store.db.query("SELECT * FROM jobs WHERE id = ?", [job_id]), None)
+    if row is None:
+        raise JobError(f"no job named {job_id!r} (see `docqa browse` or `docqa runs`)")
+    docs = [(r["doc_id"], r["path"]) for r in store.db.query(
+        "SELECT doc_id, path FROM job_documents WHERE job_id = ? ORDER BY ord", [job_id])]
+    return Job(id=row["id"], checklist=Checklist.model_validate_json(row["checklist"]),
+               settings=json.loads(row["settings"]), status=row["status"],
+               created_at=row["created_at"], updated_at=row["updated_at"], documents=docs)
+
+
+def list_jobs(store: Store) -> list[Job]:
+    ids = [r["id"] for r in store.db.query("SELECT id FROM jobs ORDER BY created_at DESC, id")]
+    return [get_job(store, i) for i in ids]
+
+
+def job_runs(store: Store, job_id: str) -> dict[tuple[str, str], Run]:
+    """The stored answer of every (doc_id, item_id) of a job."""
+    out = {}
+    for r in store.db.query(
+        "SELECT doc_id, item_id, run_id FROM job_items WHERE job_id = ?", [job_id]
+    ):
+        out[(r["doc_id"], r["item_id"])] = get_run(store, r["run_id"])
+    return out
+
+
+def _answered(store: Store, job_id: str) -> set[tuple[str, str]]:
+    return {(r[0], r[1]) for r in store.db.execute(
+        "SELECT doc_id, item_id FROM job_items WHERE job_id = ?", [job_id])}
+
+
+# -- the work of one (document, item): module-level, so any executor can run it ----------
+
+
+@functools.lru_cache(maxsize=4)
+def _worker(db_path: str) -> tuple[Store, Library]:
+    """One store connection and document cache per process (and per database)."""
+    store = Store(db_path)
+    return store, Library(store)
+
+
+def run_item(task: dict) -> dict:
+    """Answer one checklist item on one document and store it; returns a small summary."""
+    store, library = _worker(task["db"])
+    item = ChecklistItem.model_validate(task["item"])
+    settings = AskSettings(**task["settings"])
+    try:
+        if item.compare is None:
+            run = ask(store, [task["doc_id"]], item.query(), settings, library=library,
+                      job_id=task["job_id"], item_id=item.id, kind="review")
+            return {"status": run.status, "run_id": run.id, "conflicts": 0}
+        return _run_compare(store, library, task, item, settings)
+    except sqlite3.IntegrityError as e:
+        if "job_items" not in str(e):
+            raise
+        # Another process stored this pair first (two runners on one job): keep theirs.
+        return {"status": "duplicate", "run_id": None, "conflicts": 0}
+
+
+def _side_spans(run: Run) -> list[tuple[int, int]]:
+    cites = [c for c in run.citations if c.verified] + run.evidence
+    return [(c.char_start, c.char_end) for c in cites if c.char_start is not None and c.char_end is not None]
+
+
+def _run_compare(store: Store, library: Library, task: dict, item: ChecklistItem,
+                 settings: AskSettings) -> dict:
+    doc_id, job_id = task["doc_id"], task["job_id"]
+    a_id, b_id = item.compare
+    runs = {}
+    for ref in (a_id, b_id):
+        row = store.db.execute(
+            "SELECT run_id FROM job_items WHERE job_id = ? AND doc_id = ? AND item_id = ?",
+            [job_id, doc_id, ref],
+        ).fetchone()
+        if row is None:
+            raise JobError(f"{item.id}: item {ref!r} has no answer on {doc_id} yet")
+        runs[ref] = get_run(store, row[0])
+    docs, passages = library.load([doc_id])
+    doc = docs[doc_id]
+    findings: list[Finding] = detect_conflicts(doc, a_id, _side_spans(runs[a_id]), b_id, _side_spans(runs[b_id]))
+    lines = [f"{f.text} {f.a.label()} / {f.b.label()}" for f in findings]
+    citations = [c for f in findings for c in (f.a, f.b)]
+    evidence = runs[a_id].evidence[:2] + runs[b_id].evidence[:2]
+    model_name, raw = None, None
+    if not settings.evidence_only:
+        judged = _model_judgement(item, doc_id, docs, passages[doc_id], runs, settings)
+        model_name, raw = judged["model"], judged["answer"].raw_answer
+        if judged["answer"].status == "answered":
+            lines.append(f"Model's judgement: {judged['answer'].answer}")
+            citations += [c for c in judged["answer"].citations if c.verified]
+    if findings or citations:
+        status, text = "answered", "\n".join(lines)
+    else:
+        status = "not_found"
+        text = f"No conflict found between {a_id} and {b_id} by the rules (see pipelines/conflicts.py)."
+    answer = Answer(question=item.question, status=status, answer=text, raw_answer=raw,
+                    citations=citations, evidence=evidence)
+    run = save_run(store, answer, doc_ids=[doc_id], model=model_name, settings=asdict(settings),
+                   kind="conflict", job_id=job_id, item_id=item.id)
+    return {"status": run.status, "run_id": run.id, "conflicts": len(findings)}
+
+
+def _model_judgement(item, doc_id, docs, passages, runs, settings) -> dict:
+    """Ask the model whether the two clauses conflict, over the passages both items cite."""
+    spans = [s for r in runs.values() for s in _side_spans(r)]
+    chosen = [p for p in passages if any(p.char_start < hi and p.char_end > lo for lo, hi in spans)]
+    engine = load_engine(settings.model)
+    question = (f"{item.question} Compare the clauses on '{item.compare[0]}' and '{item.compare[1]}'. "
+                "If they conflict, start with CONFLICT and quote both clauses with their citations; "
+                "otherwise say NO CONFLICT.")
+    answer = answer_question(question, {doc_id: docs[doc_id]}, chosen, engine_generate(engine, settings, None),
+                             budget_tokens=settings.budget_tokens, evidence_k=0)
+    return {"answer": answer, "model": str(getattr(engine.checkpoint, "path", settings.model))}
+
+
+# -- the job runner ---------------------------------------------------------------------
+
+
+def run_review(
+    store: Store,
+    checklist: Checklist,
+    docs: list[tuple[str, str]],
+    *,
+    job_id: str | None = None,
+    settings: AskSettings = AskSettings(evidence_only=True),
+    executor: Executor | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+    on_done: Callable[[dict, dict], None] | None = None,
+) -> ReviewSummary:
+    """Run (or resume) a review job over `docs` [(doc_id, path)]; returns its summary.
+
+    `on_start(total, already_done)` is called once, `on_done(task, result)` per item."""
+    t0 = time.perf_counter()
+    if store.path == Path(":memory:"):
+        raise JobError("a review job needs a database file (workers open it by path)")
+    job_id = job_id or default_job_id(checklist, [d for d, _ in docs], settings)
+    job = open_job(store, job_id, checklist, docs, settings)
+    executor = executor or SerialExecutor()
+    done = _answered(store, job.id)
+    total = len(job.documents) * len(checklist.items)
+    summary = ReviewSummary(
+        job_id=job.id, checklist=checklist.name,
+        documents=[{"doc_id": d, "path": p} for d, p in job.documents],
+        items=len(checklist.items), total=total, done_before=len(done),
+    )
+    if on_start:
+        on_start(total, len(done))
+    base = {"db": str(store.path.resolve()), "job_id": job.id, "settings": asdict(settings)}
+    for phase in (checklist.questions, checklist.comparisons):
+        tasks = [
+            base | {"doc_id": d, "item": item.model_dump(mode="json")}
+            for d, _ in job.documents for item in phase if (d, item.id) not in done
+        ]
+        failed_refs = {(f["doc_id"], f["item_id"]) for f in summary.failed}
+        ready = []
+        for t in tasks:
+            refs = t["item"].get("compare") or []
+            if any((t["doc_id"], r) in failed_refs for r in refs):
+                summary.failed.append({"doc_id": t["doc_id"], "item_id": t["item"]["id"],
+                                       "error": "an item it compares failed"})
+            else:
+                ready.append(t)
+        for task, result in executor.map(_safe_run_item, ready):
+            if "error" in result:
+                summary.failed.append({"doc_id": task["doc_id"], "item_id": task["item"]["id"],
+                                       "error": result["error"]})
+            elif result["status"] != "duplicate":
+                summary.answered_now += 1
+                summary.conflicts += result["conflicts"]
+            if on_done:
+                on_done(task, result)
+    statuses = Counter(r[0] for r in store.db.execute(
+        "SELECT r.status FROM job_items j JOIN runs r ON r.id = j.run_id WHERE j.job_id = ?", [job.id]))
+    summary.statuses = dict(sorted(statuses.items()))
+    complete = len(_answered(store, job.id)) == total
+    with store.transaction() as db:
+        db.execute("UPDATE jobs SET status = ?, updated_at = ? WHERE id = ?",
+                   ["done" if complete else "incomplete", _now(), job.id])
+    summary.elapsed_s = round(time.perf_counter() - t0, 3)
+    return summary
+
+
+def _safe_run_item(task: dict) -> dict:
+    """`run_item`, with a user-facing failure of one item reported instead of raised: the
+    job goes on, and the item is tried again when the job is resumed."""
+    try:
+        return run_item(task)
+    except DocqaError as e:
+        return {"error": str(e)}

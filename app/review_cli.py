@@ -1,0 +1,181 @@
+"""`docqa review`, `docqa export` and `docqa browse`: thin commands over app.review,
+app.export and app.tui, registered on the main app by `register(app)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+from rich.text import Text
+
+from ..pipelines.errors import IngestError
+from . import config
+from .cli import (EXIT_ERROR, EXIT_NOTHING_INGESTED, _files, _ingest_one, _short, cli_errors,
+                  db_option, err, error_line, json_option, open_store, out, print_json)
+from .errors import DocqaError
+from .store import Store
+
+
+def _documents(store: Store, paths: list[Path]) -> list[tuple[str, str]]:
+    """(doc_id, path) for every PATH: files and folders are ingested if new; a PATH that is
+    not a file may name an ingested document (doc id or prefix)."""
+    docs: list[tuple[str, str]] = []
+    files = _files([p for p in paths if p.exists()])
+    for p in paths:
+        if not p.exists():
+            try:
+                did = store.resolve(str(p))
+            except DocqaError:
+                raise DocqaError(f"{p}: no such file, folder or ingested document") from None
+            docs.append((did, store.info(did).path))
+    for f in files:
+        try:
+            r = _ingest_one(store, f, config.max_file_bytes(), 2048)
+        except IngestError as e:
+            error_line(str(e))
+            continue
+        docs.append((r["doc_id"], r["path"]))
+    return list(dict.fromkeys(docs))
+
+
+def review(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders (ingested if new), or doc ids.", metavar="PATH...")],
+    checklist: Annotated[str, typer.Option("--checklist", help="Checklist file (.yaml/.toml), or a built-in name: contract_review, spec_review.")],
+    job: Annotated[Optional[str], typer.Option("--job", help="Job name; the same name resumes the job [default: from checklist, documents and mode].")] = None,
+    evidence_only: Annotated[bool, typer.Option("--evidence-only", help="No model: each item's ranked, cited passages.")] = False,
+    model: Annotated[Optional[str], typer.Option("--model", help="GGUF file or HF checkpoint dir [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Worker processes for --evidence-only jobs (a model runs in this process).")] = 1,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
+    db: db_option = None,
+    as_json: json_option = False,
+) -> None:
+    """Review documents with a checklist: every item asked of every document.
+
+    Answers are stored per item with verified citations. The job is resumable: run the
+    same command again (or with the same --job) after an interruption, even a kill, and
+    it answers only what is missing; no item is ever answered twice. Items with
+    `compare: [a, b]` report [CONFLICT: a vs b] findings citing both clauses.
+
+    Exit codes: 0 every item answered; 1 some items failed (run again to retry);
+    3 no document to review.
+
+    Example: docqa review contracts/ --checklist contract_review --job q3 --evidence-only
+    """
+    from .ask import AskSettings
+    from .checklist import load_checklist
+    from .executor import local_executor
+    from .review import run_review
+
+    if workers > 1 and not evidence_only:
+        raise typer.BadParameter("--workers applies to --evidence-only jobs; a model runs in one process")
+    cl = load_checklist(checklist)
+    settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens)
+    with open_store(db) as store:
+        docs = _documents(store, paths)
+        if not docs:
+            error_line("no document to review")
+            raise typer.Exit(EXIT_NOTHING_INGESTED)
+        names = {d: Path(p).name for d, p in docs}
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            console=err, transient=True, disable=not err.is_terminal,
+        ) as progress:
+            bar = progress.add_task("review", total=None)
+
+            def on_start(total: int, done: int) -> None:
+                progress.update(bar, total=total, completed=done)
+
+            def on_done(task: dict, result: dict) -> None:
+                name = names.get(task["doc_id"], task["doc_id"])
+                progress.update(bar, advance=1, description=f"{_short(name, 30)} · {task['item']['id']}")
+                if "error" in result:
+                    error_line(f"{name}: {task['item']['id']}: {result['error']}")
+
+            summary = run_review(store, cl, docs, job_id=job, settings=settings,
+                                 executor=local_executor(workers), on_start=on_start, on_done=on_done)
+        if as_json:
+            print_json(summary.as_json())
+        else:
+            _print_summary(store, summary)
+    if summary.failed:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _print_summary(store: Store, summary) -> None:
+    from .review import get_job, job_runs
+
+    job = get_job(store, summary.job_id)
+    runs = job_runs(store, job.id)
+    for doc_id, path in job.documents:
+        out.print(Text(f"{doc_id}  {path}"))
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        table.add_column("item")
+        table.add_column("status")
+        table.add_column("answer / top citation", no_wrap=True, overflow="ellipsis")
+        for item in job.checklist.items:
+            run = runs.get((doc_id, item.id))
+            if run is None:
+                table.add_row(item.id, "pending", "")
+                continue
+            shown = [c for c in run.citations if c.verified] or run.evidence
+            text = run.answer or (f"{shown[0].label()} {shown[0].quote}" if shown else "")
+            table.add_row(item.id, run.status, Text(_short(text, 90)))
+        out.print(table)
+    err.print(
+        f"job {summary.job_id}: {summary.answered_now} answered now, {summary.done_before} already done, "
+        f"{len(summary.failed)} failed, {summary.conflicts} conflict finding(s) in {summary.elapsed_s:.1f} s; "
+        f"report: docqa export {summary.job_id} --format html -o report.html"
+    )
+
+
+def export(
+    ref: Annotated[str, typer.Argument(help="A review job name or a run id (see `docqa runs`).", metavar="RUN_OR_JOB")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="md, html or json.")] = "md",
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="File to write [default: stdout].", dir_okay=False)] = None,
+    db: db_option = None,
+) -> None:
+    """Export a run or a review job as a citation-backed report.
+
+    HTML is one self-contained file (inline CSS, no scripts, no external loads) with a
+    table per document; citations link to the source (file.pdf#page=N, file.html#id).
+    All document text is escaped.
+
+    Example: docqa export q3 --format html -o q3-review.html
+    """
+    from .export import export as render
+
+    with open_store(db) as store:
+        text = render(store, ref, fmt)  # type: ignore[arg-type]
+    if output is None or str(output) == "-":
+        out.file.write(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise DocqaError(f"cannot write {output}: {e.strerror or e}") from None
+    err.print(f"wrote {output} ({fmt}, {len(text.encode()):,} bytes)")
+
+
+def browse(db: db_option = None) -> None:
+    """Browse documents, review jobs, runs and answers in the terminal.
+
+    Keys: tab/shift+tab move between panes, enter opens, c cites (shows the cited lines
+    highlighted in their page), escape goes back, q quits.
+
+    Example: docqa browse --db review.db
+    """
+    from .tui import BrowseApp
+
+    with open_store(db) as store:
+        BrowseApp(store).run()
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(cli_errors(review))
+    app.command()(cli_errors(export))
+    app.command()(cli_errors(browse))

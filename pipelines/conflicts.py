@@ -1,0 +1,248 @@
+"""Conflicts between two clauses of one document, found by rules over their sentences.
+
+A review checklist's `compare: [a, b]` item hands this module the passages cited for item
+`a` and item `b` on the same document. Each side's passages are widened to whole
+sentences, each sentence is read for a few facts (durations with the role they play,
+"exclusive"/"non-exclusive", a lock-in of the term, a right to terminate for convenience,
+perpetual ownership or trade-secret status), and the rules below compare the facts of
+one side with those of the other. Every finding cites one sentence on each side, both
+verified against the document text.
+
+What the rules catch, and what they do not:
+- `exclusivity`: one side grants or describes a right as non-exclusive while the other
+  calls a right exclusive. Lexical: it does not know whether both words speak of the same
+  right ("exclusive remedy", "exclusive jurisdiction" and "exclusive of" are ignored).
+- `durations_disagree`: the same kind of period (notice of non-renewal, notice to
+  terminate for convenience, cure, survival, payment, warranty, term, renewal) has
+  different lengths in the two clauses. The kind is the nearest keyword before the number
+  in its sentence, so a sentence that names two periods in an unusual order can be misread.
+- `survival_shorter`: confidentiality survives termination for a fixed time, while the
+  other clause protects the information longer (a longer confidentiality period) or
+  without end (trade secrets, perpetual ownership, "right, title and interest").
+- `notice_exceeds_period`: a notice period is at least as long as the term or renewal
+  period it would end, so the notice can never be given in time.
+- `lock_in_vs_convenience`: one clause says the agreement may not be terminated (during
+  the term, or is non-cancellable) and the other lets a party terminate for convenience.
+Anything that needs reading the clauses' meaning beyond these facts (an exception that
+removes the conflict, two clauses about different products) is left to the model's
+judgement or the reviewer; the rules flag, the citations let a person check quickly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from .citations import Citation, find_quote, relocate
+from .document import Document
+
+_NUMBER_WORDS = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen twenty".split()
+    )
+} | {"thirty": 30, "forty": 40, "forty-five": 45, "fifty": 50, "sixty": 60, "seventy": 70,
+     "eighty": 80, "ninety": 90, "one hundred twenty": 120, "one hundred eighty": 180}
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
+_WORD = "|".join(sorted((re.escape(w) for w in _NUMBER_WORDS), key=len, reverse=True))
+# "sixty (60) days", "60 days", "sixty days", "five-year", "12-month"
+_DURATION = re.compile(
+    rf"\b(?:(?P<word>{_WORD})\s*(?:\(\s*(?P<paren>\d{{1,4}})\s*\))?|(?P<digits>\d{{1,4}}))"
+    r"[\s-]*(?:business\s+|calendar\s+)?(?P<unit>day|week|month|year)s?\b",
+    re.IGNORECASE,
+)
+# A period's kind: the nearest of these before the number, within its sentence.
+_ROLES: list[tuple[str, re.Pattern]] = [
+    ("survival", re.compile(r"surviv", re.I)),
+    ("non-renewal notice", re.compile(r"non-?renewal|not to renew|elect not to extend", re.I)),
+    ("notice to terminate for convenience", re.compile(r"for convenience|without cause|for any reason", re.I)),
+    ("cure period", re.compile(r"\bcure", re.I)),
+    ("payment period", re.compile(r"\bpa(?:y|id|yable|yment)\b|\binvoice", re.I)),
+    ("warranty period", re.compile(r"warrant", re.I)),
+    ("renewal period", re.compile(r"renew|extension|extend", re.I)),
+    ("term", re.compile(r"\bterm\b|\bexpire", re.I)),
+    ("confidentiality period", re.compile(r"confidential", re.I)),
+]
+_NON_EXCLUSIVE = re.compile(r"\bnon[-\s]?exclusive(?:ly)?\b", re.I)
+_EXCLUSIVE = re.compile(
+    r"(?<![-\w])(?<!non )exclusive(?:ly)?\b(?!\s+(?:of|remed|jurisdiction|venue|forum))", re.I
+)
+_LOCK_IN = re.compile(
+    r"\b(?:may|shall|will|can)\s+not\s+(?:be\s+)?terminat\w*|\bnon-?cancell?able\b|"
+    r"\bnot\s+(?:be\s+)?terminable\b|\bno\s+right\s+to\s+terminate\b",
+    re.I,
+)
+_CONVENIENCE = re.compile(
+    r"\bterminat\w*\b[^.;]{0,120}?\b(?:for convenience|without cause|for any reason|at any time)\b|"
+    r"\b(?:for convenience|without cause)\b[^.;]{0,60}?\bterminat\w*",
+    re.I,
+)
+_PERPETUAL = re.compile(
+    r"\bperpetu\w*|\bin perpetuity\b|\btrade secrets?\b|\bright,? title,? and interest\b|"
+    r"\bshall (?:solely |exclusively )?own\b|\bremain the (?:sole |exclusive )?property\b",
+    re.I,
+)
+MIN_SENTENCE_CHARS = 25
+_HEADING = re.compile(r"^(?:[\dIVXA-Z]+(?:\.\d+)*\.?\s+)?(?:[A-Z][\w'-]*(?:\s+(?:of|for|and|the|to|in|on|or))*\s+){0,6}[A-Z][\w'-]*\.$")
+_SENTENCE_END = re.compile(r"(?<=[.;!?])[\"”')]*\s+(?=[\"“(]?[A-Z0-9])|\n\s*\n")
+
+
+class Finding(BaseModel):
+    """One conflict: a line of text and the sentence it rests on in each clause."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str
+    text: str  # "[CONFLICT: a vs b] ..."
+    a: Citation
+    b: Citation
+
+
+@dataclass(frozen=True)
+class Duration:
+    days: int
+    text: str
+    role: str | None
+
+
+@dataclass(frozen=True)
+class Sentence:
+    start: int
+    end: int
+    text: str
+
+    def durations(self) -> list[Duration]:
+        out = []
+        for m in _DURATION.finditer(self.text):
+            n = int(m["paren"] or m["digits"] or 0) or _NUMBER_WORDS.get((m["word"] or "").lower(), 0)
+            if not n:
+                continue
+            before = self.text[: m.start()]
+            role, best = None, -1
+            for name, pat in _ROLES:
+                for r in pat.finditer(before):
+                    if r.end() > best:
+                        role, best = name, r.end()
+            out.append(Duration(n * _UNIT_DAYS[m["unit"].lower()], m.group().strip(), role))
+        return out
+
+
+def sentences(doc: Document, spans: Sequence[tuple[int, int]]) -> list[Sentence]:
+    """The whole sentences (within one page) that overlap any of the char spans."""
+    seen: dict[tuple[int, int], Sentence] = {}
+    for lo, hi in spans:
+        page = doc.page(doc.locate(lo).page)
+        text = doc.text[page.start : page.end]
+        bounds = [0]
+        for m in _SENTENCE_END.finditer(text):
+            piece = text[bounds[-1] : m.start() + 1].strip()
+            # "1." and "3.2 Termination for Convenience." are headings, not sentences:
+            # they stay with the sentence that follows (a paragraph break always ends one).
+            if "\n\n" in m.group() or (len(piece) >= MIN_SENTENCE_CHARS and not _HEADING.match(piece)):
+                bounds.append(m.end())
+        bounds.append(len(text))
+        for a, b in zip(bounds, bounds[1:]):
+            s, e = page.start + a, page.start + b
+            if s < hi and e > lo:
+                raw = doc.text[s:e]
+                s += len(raw) - len(raw.lstrip())
+                e -= len(raw) - len(raw.rstrip())
+                if e > s:
+                    seen.setdefault((s, e), Sentence(s, e, " ".join(doc.text[s:e].split())))
+    return sorted(seen.values(), key=lambda x: x.start)
+
+
+def cite_sentence(doc: Document, s: Sentence) -> Citation:
+    """A verified citation of the lines holding sentence `s`, quoting it."""
+    hit = find_quote(doc, s.text, s.start, s.end)
+    if hit is None:  # a sentence is its own text; only normalisation could lose it
+        hit = (s.start, s.end)
+    return relocate(doc, hit, quote=s.text).model_copy(update={"relocated": False})
+
+
+def _days(d: int) -> str:
+    if d % 365 == 0:
+        return f"{d // 365} year(s)"
+    if d % 30 == 0:
+        return f"{d // 30} month(s)"
+    return f"{d} day(s)"
+
+
+def _short(text: str, n: int = 90) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def detect_conflicts(
+    doc: Document,
+    a_id: str,
+    a_spans: Sequence[tuple[int, int]],
+    b_id: str,
+    b_spans: Sequence[tuple[int, int]],
+) -> list[Finding]:
+    """Rule-based conflicts between the clauses cited for item `a_id` and item `b_id`.
+
+    `*_spans` are char spans of `doc.text` (the passages each item's answer cites)."""
+    side_a, side_b = sentences(doc, a_spans), sentences(doc, b_spans)
+    tag = f"[CONFLICT: {a_id} vs {b_id}]"
+    found: dict[tuple, Finding] = {}
+
+    def add(rule: str, sa: Sentence, sb: Sentence, why: str) -> None:
+        if (sa.start, sa.end) == (sb.start, sb.end):
+            return  # one sentence cannot disagree with itself
+        key = (rule, sa.start, sb.start)
+        if key not in found:
+            found[key] = Finding(rule=rule, text=f"{tag} {why}", a=cite_sentence(doc, sa),
+                                 b=cite_sentence(doc, sb))
+
+    for sa in side_a:
+        for sb in side_b:
+            for x, y, flip in ((sa, sb, False), (sb, sa, True)):
+                ids = (b_id, a_id) if flip else (a_id, b_id)
+                first, second = (y, x) if flip else (x, y)
+                if _NON_EXCLUSIVE.search(x.text) and _EXCLUSIVE.search(_NON_EXCLUSIVE.sub(" ", y.text)):
+                    add("exclusivity", first, second,
+                        f"{ids[0]} describes a non-exclusive right, {ids[1]} an exclusive one: "
+                        f"\"{_short(x.text)}\" / \"{_short(y.text)}\"")
+                if _LOCK_IN.search(x.text) and _CONVENIENCE.search(y.text) and not _LOCK_IN.search(y.text):
+                    add("lock_in_vs_convenience", first, second,
+                        f"{ids[0]} says the agreement may not be terminated, {ids[1]} allows "
+                        f"termination for convenience: \"{_short(x.text)}\" / \"{_short(y.text)}\"")
+            da, db = sa.durations(), sb.durations()
+            for x in da:
+                for y in db:
+                    if x.role and x.role == y.role and x.days != y.days:
+                        add("durations_disagree", sa, sb,
+                            f"the {x.role} is {x.text} in {a_id} but {y.text} in {b_id}")
+            for x_s, y_s, xd, yd, flip in ((sa, sb, da, db, False), (sb, sa, db, da, True)):
+                first, second = (y_s, x_s) if flip else (x_s, y_s)
+                x_id, y_id = (b_id, a_id) if flip else (a_id, b_id)
+                for s in (d for d in xd if d.role == "survival"):
+                    if _PERPETUAL.search(y_s.text):
+                        add("survival_shorter", first, second,
+                            f"{x_id} ends confidentiality {s.text} after termination, but {y_id} "
+                            f"protects it without end (\"{_PERPETUAL.search(y_s.text).group()}\"): "
+                            "after that the information may be disclosed")
+                notices = [d for d in xd if d.role in ("non-renewal notice", "notice to terminate for convenience")]
+                periods = [d for d in yd if d.role in ("term", "renewal period")]
+                for n in notices:
+                    for p in periods:
+                        if n.days >= p.days:
+                            add("notice_exceeds_period", first, second,
+                                f"the {n.role} in {x_id} ({n.text}) is not shorter than the "
+                                f"{p.role} in {y_id} ({p.text})")
+    # A survival shorter than the confidentiality period it ends is often written inside
+    # one clause, so this rule also pairs sentences of the same side.
+    both = [(s, a_id) for s in side_a] + [(s, b_id) for s in side_b]
+    for x_s, x_id in both:
+        for s in (d for d in x_s.durations() if d.role == "survival"):
+            for y_s, y_id in both:
+                longer = [d for d in y_s.durations() if d.role == "confidentiality period" and d.days > s.days]
+                if longer:
+                    add("survival_shorter", x_s, y_s,
+                        f"confidentiality in {x_id} survives termination by {s.text} only, while "
+                        f"{y_id} sets a confidentiality period of {longer[0].text}")
+    return list(found.values())
