@@ -10,26 +10,21 @@ with `app.add_typer(...)`; use `db_option`, `json_option` and `cli_errors` from 
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest import EXTENSIONS, build, load
+from ..pipelines.ingest import EXTENSIONS
 from . import config
 from .engine_cli import engine_app
-from .errors import DocqaError
-from .store import Store
+from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
+                     error_line, ingest_one, json_option, open_store, out, print_json, short)
 
 app = typer.Typer(
     name="docqa",
@@ -41,77 +36,6 @@ app = typer.Typer(
 )
 
 app.add_typer(engine_app, name="engine")
-
-# Exit codes (documented in `docqa ingest --help`).
-EXIT_OK = 0
-EXIT_ERROR = 1  # a typed error, or some files failed to ingest while others succeeded
-EXIT_NOTHING_INGESTED = 3  # every file failed, or no ingestible file was found
-
-# Document text is data: never let rich interpret brackets in it as markup.
-out = Console(highlight=False, markup=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
-
-db_option = Annotated[
-    Optional[Path],
-    typer.Option(
-        "--db",
-        help="SQLite database file [default: $DOCQA_DB, else $XDG_DATA_HOME/docqa/docqa.db]",
-        dir_okay=False,
-        show_default=False,
-    ),
-]
-json_option = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
-
-
-def open_store(db: Path | None) -> Store:
-    return Store(db if db is not None else config.default_db_path())
-
-
-def error_line(message: str) -> None:
-    err.print(f"error: {message}")
-
-
-def cli_errors(command: Callable) -> Callable:
-    """Turn typed errors into one stderr line and exit 1; hide tracebacks unless debugging."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except (DocqaError, IngestError) as e:
-            error_line(str(e))
-            raise typer.Exit(EXIT_ERROR) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:
-            if config.debug():
-                raise
-            error_line(f"unexpected {type(e).__name__}: {e} (DOCQA_DEBUG=1 shows the traceback)")
-            raise typer.Exit(EXIT_ERROR) from None
-
-    return wrapper
-
-
-def print_json(value) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
-
-
-def _files(paths: list[Path]) -> list[Path]:
-    """Files named directly (any type: an unsupported one is then reported) and, below
-    folders, the files with a supported extension, sorted, skipping hidden ones."""
-    found: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            for f in sorted(p.rglob("*")):
-                rel = f.relative_to(p).parts
-                if f.is_file() and f.suffix.lower() in EXTENSIONS and not any(
-                    part.startswith(".") for part in rel
-                ):
-                    found.append(f)
-        else:
-            found.append(p)
-    return list(dict.fromkeys(found))
-
 
 @app.command()
 @cli_errors
@@ -139,7 +63,7 @@ def ingest(
     Example: docqa ingest contracts/ spec.pdf --json
     """
     max_bytes = config.max_file_bytes()
-    files = _files(paths)
+    files = collect_files(paths)
     results: list[dict] = []
     failed = 0
     with open_store(db) as store, Progress(
@@ -155,7 +79,7 @@ def ingest(
         for f in files:
             progress.update(task, description=f.name)
             try:
-                result = _ingest_one(store, f, max_bytes, segment_tokens)
+                result = ingest_one(store, f, max_bytes, segment_tokens)
             except IngestError as e:
                 failed += 1
                 results.append({"path": str(f), "error": e.reason})
@@ -181,23 +105,6 @@ def ingest(
         raise typer.Exit(EXIT_NOTHING_INGESTED)
     if failed:
         raise typer.Exit(EXIT_ERROR)
-
-
-def _ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
-    source = load(path, max_bytes=max_bytes)
-    if store.has(source.doc_id):
-        # Known content: skip parsing entirely.
-        status = store.add_path(source.doc_id, str(source.path))
-        info = store.info(source.doc_id)
-        counts = dict(pages=info.pages, sections=info.sections, anchors=info.anchors,
-                      segments=info.segments, type=info.type)
-    else:
-        doc = build(source, segment_tokens=segment_tokens)
-        status = store.add_document(doc).status
-        counts = dict(pages=len(doc.pages), sections=len(doc.sections),
-                      anchors=len(doc.anchors), segments=len(doc.segments), type=doc.type)
-    return {"doc_id": source.doc_id, "path": str(source.path), "type": counts.pop("type"),
-            **counts, "status": status}
 
 
 def _print_ingested(r: dict) -> None:
@@ -398,7 +305,7 @@ def print_run(run) -> None:
         for c in run.citations:
             if c.verified:
                 note = " (re-pointed: the model named other lines)" if c.relocated else ""
-                out.print(f"  verified {_cite_label(c, multi)}{note}: \"{_short(c.quote)}\"")
+                out.print(f"  verified {_cite_label(c, multi)}{note}: \"{short(c.quote)}\"")
             else:
                 out.print(f"  UNVERIFIED {_cite_label(c, multi)} ({c.note}), not shown as support")
     elif run.status == "not_found":
@@ -409,16 +316,11 @@ def print_run(run) -> None:
         out.print()
         out.print("evidence:")
         for i, c in enumerate(run.evidence, 1):
-            out.print(f"  {i}. {_cite_label(c, multi)} {_short(c.quote, 160)}")
+            out.print(f"  {i}. {_cite_label(c, multi)} {short(c.quote, 160)}")
     t = run.timings.get("total_s")
     out.file.flush()
     err.print(f"run {run.id}" + (f"  model {Path(run.model).name}" if run.model else "")
               + (f"  {t:.1f} s" if t else ""))
-
-
-def _short(text: str, n: int = 120) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 @app.command()
@@ -440,7 +342,7 @@ def runs(
         print_json([run_json(r) | {"created_at": r.created_at, "job_id": r.job_id} for r in items])
         return
     for r in items:
-        out.print(f"{r.id}  {r.status:<13} {','.join(r.doc_ids)}  {_short(r.question, 70)}")
+        out.print(f"{r.id}  {r.status:<13} {','.join(r.doc_ids)}  {short(r.question, 70)}")
 
 
 # review, export, browse: defined in review_cli, which uses the helpers above.

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from ..pipelines.errors import IngestError
 from . import config
-from .cli import (EXIT_ERROR, EXIT_NOTHING_INGESTED, _files, _ingest_one, _short, cli_errors,
-                  db_option, err, error_line, json_option, open_store, out, print_json)
+from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
+                     error_line, ingest_one, json_option, open_store, out, print_json, short)
 from .errors import DocqaError
 from .store import Store
 
@@ -24,7 +24,7 @@ def _documents(store: Store, paths: list[Path]) -> list[tuple[str, str]]:
     """(doc_id, path) for every PATH: files and folders are ingested if new; a PATH that is
     not a file may name an ingested document (doc id or prefix)."""
     docs: list[tuple[str, str]] = []
-    files = _files([p for p in paths if p.exists()])
+    files = collect_files([p for p in paths if p.exists()])
     for p in paths:
         if not p.exists():
             try:
@@ -34,7 +34,7 @@ def _documents(store: Store, paths: list[Path]) -> list[tuple[str, str]]:
             docs.append((did, store.info(did).path))
     for f in files:
         try:
-            r = _ingest_one(store, f, config.max_file_bytes(), 2048)
+            r = ingest_one(store, f, config.max_file_bytes(), 2048)
         except IngestError as e:
             error_line(str(e))
             continue
@@ -92,7 +92,7 @@ def review(
 
             def on_done(task: dict, result: dict) -> None:
                 name = names.get(task["doc_id"], task["doc_id"])
-                progress.update(bar, advance=1, description=f"{_short(name, 30)} · {task['item']['id']}")
+                progress.update(bar, advance=1, description=f"{short(name, 30)} · {task['item']['id']}")
                 if "error" in result:
                     error_line(f"{name}: {task['item']['id']}: {result['error']}")
 
@@ -124,7 +124,7 @@ def _print_summary(store: Store, summary) -> None:
                 continue
             shown = [c for c in run.citations if c.verified] or run.evidence
             text = run.answer or (f"{shown[0].label()} {shown[0].quote}" if shown else "")
-            table.add_row(item.id, run.status, Text(_short(text, 90)))
+            table.add_row(item.id, run.status, Text(short(text, 90)))
         out.print(table)
     err.print(
         f"job {summary.job_id}: {summary.answered_now} answered now, {summary.done_before} already done, "

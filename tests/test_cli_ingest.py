@@ -14,7 +14,7 @@ import pytest
 from pypdf import PdfReader
 from typer.testing import CliRunner
 
-from docqa.app import cli
+from docqa.app import cli, clikit
 from docqa.app.cli import app
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
@@ -143,7 +143,7 @@ def test_unexpected_errors_are_one_line_for_users_and_raise_in_debug(tmp_path, m
     def broken(*a, **k):
         raise RuntimeError("parser exploded")
 
-    monkeypatch.setattr(cli, "build", broken)
+    monkeypatch.setattr(clikit, "build", broken)
     note = tmp_path / "n.md"
     note.write_text("# N\n\ntext\n")
     args = ["ingest", str(note), "--db", str(tmp_path / "t.db")]

@@ -1,0 +1,114 @@
+"""What every command module shares: consoles, options, error handling, exit codes.
+
+Kept apart from `cli.py` so command modules (`engine_cli`, `review_cli`) import it without
+importing each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+from rich.console import Console
+
+from ..pipelines.errors import IngestError
+from ..pipelines.ingest import EXTENSIONS, build, load
+from . import config
+from .errors import DocqaError
+from .store import Store
+
+# Exit codes (documented in `docqa ingest --help`).
+EXIT_OK = 0
+EXIT_ERROR = 1  # a typed error, or some files failed to ingest while others succeeded
+EXIT_NOTHING_INGESTED = 3  # every file failed, or no ingestible file was found
+
+# Document text is data: never let rich interpret brackets in it as markup.
+out = Console(highlight=False, markup=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+
+db_option = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--db",
+        help="SQLite database file [default: $DOCQA_DB, else $XDG_DATA_HOME/docqa/docqa.db]",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+json_option = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def open_store(db: Path | None) -> Store:
+    return Store(db if db is not None else config.default_db_path())
+
+
+def error_line(message: str) -> None:
+    err.print(f"error: {message}")
+
+
+def cli_errors(command: Callable) -> Callable:
+    """Turn typed errors into one stderr line and exit 1; hide tracebacks unless debugging."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except (DocqaError, IngestError) as e:
+            error_line(str(e))
+            raise typer.Exit(EXIT_ERROR) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:
+            if config.debug():
+                raise
+            error_line(f"unexpected {type(e).__name__}: {e} (DOCQA_DEBUG=1 shows the traceback)")
+            raise typer.Exit(EXIT_ERROR) from None
+
+    return wrapper
+
+
+def print_json(value) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+
+
+def collect_files(paths: list[Path]) -> list[Path]:
+    """Files named directly (any type: an unsupported one is then reported) and, below
+    folders, the files with a supported extension, sorted, skipping hidden ones."""
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                rel = f.relative_to(p).parts
+                if f.is_file() and f.suffix.lower() in EXTENSIONS and not any(
+                    part.startswith(".") for part in rel
+                ):
+                    found.append(f)
+        else:
+            found.append(p)
+    return list(dict.fromkeys(found))
+
+
+def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
+    source = load(path, max_bytes=max_bytes)
+    if store.has(source.doc_id):
+        # Known content: skip parsing entirely.
+        status = store.add_path(source.doc_id, str(source.path))
+        info = store.info(source.doc_id)
+        counts = dict(pages=info.pages, sections=info.sections, anchors=info.anchors,
+                      segments=info.segments, type=info.type)
+    else:
+        doc = build(source, segment_tokens=segment_tokens)
+        status = store.add_document(doc).status
+        counts = dict(pages=len(doc.pages), sections=len(doc.sections),
+                      anchors=len(doc.anchors), segments=len(doc.segments), type=doc.type)
+    return {"doc_id": source.doc_id, "path": str(source.path), "type": counts.pop("type"),
+            **counts, "status": status}
+
+
+def short(text: str, n: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
