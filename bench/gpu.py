@@ -1,0 +1,379 @@
+"""GPU benchmark: a Llama-3-8B-shaped model (random bf16 weights) on one GPU, sparse vs dense.
+
+Run from the repository root on a CUDA machine (the package need not be installed):
+
+    PYTHONUNBUFFERED=1 python3 bench/gpu.py [--quick] [--skip-dense-128k] [--json FILE]
+
+Prints, in one run: correctness checks of the Triton kernels against the PyTorch references
+on the GPU, the machine's copy bandwidth and matrix rate, decode ms/token at 32K / 128K / 1M,
+prefill seconds at 32K / 128K (1M extrapolated from measured chunks, and labelled so),
+first-token latency of a 64-token question over a cached 128K and 1M document, peak memory,
+and the dense SDPA figures with ratios. `--quick` shrinks the model to 4 layers and the
+contexts 8x, to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+if __package__ in (None, ""):
+    # run as a script from a checkout: make the repository importable as `docqa`
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shim = tempfile.mkdtemp(prefix="docqa-path-")
+    os.symlink(root, os.path.join(shim, "docqa"))
+    sys.path.insert(0, shim)
+    # The bench needs only engine/gpu and kernels/: skip engine/__init__ (checkpoint loaders,
+    # tokenizer) so a machine without those extras still runs it.
+    import types
+
+    import docqa  # noqa: F401
+
+    _engine = types.ModuleType("docqa.engine")
+    _engine.__path__ = [os.path.join(root, "engine")]
+    sys.modules["docqa.engine"] = _engine
+
+from docqa.engine.gpu.model import LLAMA3_8B, GraphedDecode, KVCache, Model, Routing, Shape, Weights  # noqa: E402
+from docqa.engine.gpu.tiering import SegmentTiers  # noqa: E402
+
+RESULTS: dict = {}
+TARGETS = {"decode_128k_ms": 5.0, "decode_1m_ms": 7.0, "prefill_128k_s": 3.5, "prefill_1m_s": 40.0,
+           "first_token_1m_s": 0.5}
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    assert not torch.isnan(a).any(), "NaN"
+    return ((a - b).norm() / b.norm()).item()
+
+
+def timed(fn, reps: int) -> float:
+    """Median ms of fn over reps, CUDA events around each call."""
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def stage(name):
+    def wrap(fn):
+        def run(*a, **k):
+            say(f"\n== {name}")
+            t0 = time.time()
+            try:
+                return fn(*a, **k)
+            except Exception:
+                traceback.print_exc()
+                RESULTS.setdefault("errors", []).append(name)
+            finally:
+                say(f"   ({time.time() - t0:.1f} s wall)")
+        return run
+    return wrap
+
+
+@stage("machine ceilings")
+def ceilings():
+    x = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)  # 1 GiB
+    y = torch.empty_like(x)
+    ms = timed(lambda: y.copy_(x), 10)
+    tbps = 2 * x.numel() * 2 / (ms * 1e-3) / 1e12
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms_mm = timed(lambda: a @ a, 10)
+    tf = 2 * 8192**3 / (ms_mm * 1e-3) / 1e12
+    RESULTS["copy_TBps"], RESULTS["matmul_TFLOPs"] = tbps, tf
+    say(f"   device-to-device copy {tbps:.2f} TB/s (read+write); bf16 8192^3 matmul {tf:.0f} TFLOP/s")
+
+
+@stage("correctness: Triton vs PyTorch references on the GPU (bf16)")
+def correctness():
+    from docqa.kernels.attention.naive import (naive_attention, naive_block_descriptors, naive_block_scores,
+                                               naive_sparse_attention, naive_topk_blocks)
+    from docqa.kernels.attention.triton_sparse import (fused_attention, fused_block_scores, fused_sparse_attention,
+                                                       fused_topk_blocks)
+    from docqa.kernels.norm import fused_rms_norm, naive_rms_norm
+    from docqa.kernels.rope import fused_rope, naive_rope, rope_cos_sin
+    from docqa.kernels.swiglu import fused_swiglu, naive_swiglu
+
+    bf = torch.bfloat16
+    checks = {}
+    x = torch.randn(4099, 4096, device="cuda", dtype=bf)
+    w = torch.randn(4096, device="cuda", dtype=bf)
+    checks["rms_norm"] = rel(fused_rms_norm(x, w), naive_rms_norm(x, w))
+    qk = torch.randn(4099, 40, 128, device="cuda", dtype=bf)
+    cos, sin = rope_cos_sin(torch.arange(4099, device="cuda") * 97, 128)
+    checks["rope"] = rel(fused_rope(qk, cos, sin), naive_rope(qk, cos, sin))
+    gu = torch.randn(4099, 2 * 14336, device="cuda", dtype=bf)
+    checks["swiglu"] = rel(fused_swiglu(gu[:, :14336], gu[:, 14336:]), naive_swiglu(gu[:, :14336], gu[:, 14336:]))
+
+    n, hkv, hq, d, bs = 32768, 8, 32, 128, 64
+    k = torch.randn(n, hkv, d, device="cuda", dtype=bf)
+    v = torch.randn(n, hkv, d, device="cuda", dtype=bf)
+    kmin, kmax, kmean = naive_block_descriptors(k, bs)
+    for t in (1, 512):
+        q = torch.randn(t, hq, d, device="cuda", dtype=bf)
+        for method in ("minmax", "mean"):
+            checks[f"block_scores_{method}_T{t}"] = rel(fused_block_scores(q, kmin, kmax, kmean, method),
+                                                        naive_block_scores(q, kmin, kmax, kmean, method))
+        scores = naive_block_scores(q, kmin, kmax, kmean)
+        end = (n - t - 1024 + bs) // bs
+        ref_idx = naive_topk_blocks(scores, 16, 0, end)
+        idx = fused_topk_blocks(scores, 16, 0, end)
+        checks[f"topk_equal_T{t}"] = float(not torch.equal(idx, ref_idx))
+        ro, rl = naive_sparse_attention(q, k, v, n - t, idx, bs, 4, 1024)
+        o, lse = fused_sparse_attention(q, k, v, n - t, idx, bs, 4, 1024)
+        checks[f"sparse_attn_T{t}"] = rel(o, ro)
+        checks[f"sparse_lse_T{t}"] = rel(lse, rl)
+    q = torch.randn(1, hq, d, device="cuda", dtype=bf)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    ro, _ = naive_sparse_attention(q, k8.to(bf), v8.to(bf), n - 1, idx[:, :16] if idx.dim() == 2 else idx, bs, 4, 1024)
+    o, _ = fused_sparse_attention(q, k8, v8, n - 1, idx, bs, 4, 1024)
+    checks["sparse_attn_fp8kv_T1"] = rel(o, ro)
+    # a 4096-query prefill chunk (the 128-row tiles) with one selection per 512-query routing chunk
+    qc = torch.randn(4096, hq, d, device="cuda", dtype=bf)
+    kc, vc = k[:8192], v[:8192]
+    cmin, cmax, cmean = naive_block_descriptors(kc, bs)
+    sc = fused_block_scores(qc, cmin, cmax, cmean, "minmax", chunk=512)
+    checks["block_scores_chunked_T4096"] = max(
+        rel(sc[c], naive_block_scores(qc[c * 512:(c + 1) * 512], cmin, cmax, cmean)) for c in range(8))
+    cidx = fused_topk_blocks(sc, 16, 0, 40)
+    o, _ = fused_sparse_attention(qc, kc, vc, 4096, cidx, bs, 4, 1024)
+    checks["sparse_attn_T4096_routing_chunks"] = max(
+        rel(o[c * 512:(c + 1) * 512], naive_sparse_attention(qc[c * 512:(c + 1) * 512], kc, vc, 4096 + c * 512,
+                                                             cidx[c], bs, 4, 1024)[0]) for c in range(8))
+    qd = torch.randn(256, hq, d, device="cuda", dtype=bf)
+    ro, rl = naive_attention(qd, k[:4096], v[:4096], 4096 - 256)
+    o, lse = fused_attention(qd, k[:4096], v[:4096], 4096 - 256)
+    checks["dense_attn_T256"] = rel(o, ro)
+    # every block selected: sparse must equal dense
+    nb = 4096 // bs
+    all_idx = torch.arange(nb, device="cuda")[None].expand(hkv, nb).contiguous()
+    o2, _ = fused_sparse_attention(qd, k[:4096], v[:4096], 4096 - 256, all_idx, bs, 4, 1024)
+    checks["sparse_full_budget_vs_dense"] = rel(o2, ro)
+    bad = {name: e for name, e in checks.items() if not e < 2e-2}
+    for name, e in checks.items():
+        say(f"   {name:32s} rel err {e:.2e}")
+    say("   ALL OK" if not bad else f"   FAILED: {bad}")
+    RESULTS["correctness"] = {"max_rel_err": max(checks.values()), "failed": sorted(bad)}
+
+
+def decode_ms(model, kv, n, mode="sparse", reps=30):
+    g = GraphedDecode(model, kv, n, mode)
+    ms = timed(g.replay, reps)  # sparse: each replay is the next token, context n .. n+reps
+    del g
+    return ms
+
+
+def first_token_s(model, kv, n, reps=5):
+    q = torch.randint(0, model.s.vocab, (64,), device="cuda")
+    return timed(lambda: model.prefill(q, kv, n).argmax(-1), reps) / 1e3
+
+
+@stage("sparse, bf16 KV: prefill 128K (32K = its first quarter), decode and first token at 32K / 128K")
+def sparse_bf16(model, n_long, n_short):
+    kv = KVCache(model.s, n_long + 256)
+    toks = torch.randint(0, model.s.vocab, (n_long,), device="cuda")
+    model.prefill(toks[:8192], kv)  # compile/warm every kernel shape
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    chunks = []
+    t0 = time.time()
+    model.prefill(toks, kv, chunk_times=chunks)
+    torch.cuda.synchronize()
+    total = time.time() - t0
+    times = [(p0, ev[0].elapsed_time(ev[1]) / 1e3) for p0, _, ev in chunks]
+    short = sum(t for p0, t in times if p0 < n_short)
+    RESULTS["chunk_times_bf16"] = times
+    RESULTS["prefill_long_s"], RESULTS["prefill_short_s"] = total, short
+    RESULTS["peak_prefill_long_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    say(f"   prefill {n_long}: {total:.2f} s ({n_long / total:,.0f} tok/s); first {n_short}: {short:.2f} s; "
+        f"peak {RESULTS['peak_prefill_long_GiB']:.1f} GiB")
+    for n, key in ((n_short, "short"), (n_long, "long")):
+        torch.cuda.reset_peak_memory_stats()
+        ms = decode_ms(model, kv, n)
+        RESULTS[f"decode_{key}_ms"] = ms
+        say(f"   decode @ {n}: {ms:.2f} ms/token (CUDA graph, sparse: sinks 4 + top-16 x 64 + window 1024)")
+    RESULTS["first_token_long_s"] = ft = first_token_s(model, kv, n_long)
+    RESULTS["peak_decode_long_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    say(f"   first token, 64-token question on cached {n_long}: {ft * 1e3:.1f} ms; peak {RESULTS['peak_decode_long_GiB']:.1f} GiB")
+    del kv
+
+
+@stage("dense SDPA baseline, bf16 KV")
+def dense(model, lengths):
+    for n in lengths:
+        try:
+            kv = KVCache(model.s, n + 8, layout="head")
+            toks = torch.randint(0, model.s.vocab, (n,), device="cuda")
+            model.prefill(toks[:4096], kv, mode="dense")
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.time()
+            model.prefill(toks, kv, mode="dense")
+            torch.cuda.synchronize()
+            RESULTS[f"dense_prefill_{n}_s"] = p = time.time() - t0
+            RESULTS[f"dense_peak_{n}_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            RESULTS[f"dense_decode_{n}_ms"] = ms = decode_ms(model, kv, n - 1, mode="dense")
+            say(f"   dense @ {n}: prefill {p:.2f} s, decode {ms:.2f} ms/token, peak {RESULTS[f'dense_peak_{n}_GiB']:.1f} GiB")
+            del kv
+        except torch.OutOfMemoryError as e:
+            say(f"   dense @ {n}: out of memory ({str(e)[:80]})")
+        torch.cuda.empty_cache()
+
+
+@stage("sparse, fp8 KV (e4m3) resident on the GPU: 1M context")
+def sparse_1m(model, n):
+    kv = KVCache(model.s, n + 4096 + 256, dtype=torch.float8_e4m3fn)
+    say(f"   KV + descriptors: {kv.nbytes() / 2**30:.1f} GiB (bf16 would be {2 * kv.k.numel() * 2 / 2**30:.0f} GiB)")
+    t0 = time.time()
+    kv.fill_random(n)
+    torch.cuda.synchronize()
+    say(f"   filled {n} random keys/values in {time.time() - t0:.1f} s (a stand-in for a read document)")
+    torch.cuda.reset_peak_memory_stats()
+    RESULTS["decode_1m_ms"] = ms = decode_ms(model, kv, n)
+    say(f"   decode @ {n}: {ms:.2f} ms/token")
+    RESULTS["first_token_1m_s"] = ft = first_token_s(model, kv, n)
+    say(f"   first token, 64-token question on cached {n}: {ft * 1e3:.1f} ms")
+    # prefill cost of one 4096-token chunk deep in the document, for the 1M extrapolation
+    toks = torch.randint(0, model.s.vocab, (4096,), device="cuda")
+    for p0 in (n // 2, n - 4096):
+        RESULTS[f"chunk_at_{p0}_s"] = c = timed(lambda: model.prefill(toks, kv, p0), 3) / 1e3
+        say(f"   one 4096-token prefill chunk at offset {p0}: {c:.3f} s")
+    RESULTS["peak_1m_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    say(f"   peak {RESULTS['peak_1m_GiB']:.1f} GiB")
+
+    # tiering: 2048-token segments (all layers, bf16) between pinned CPU memory and the GPU
+    seg_shape = (model.s.layers, 2, 2048, model.s.kv_heads, model.s.head_dim)
+    # no disk tier here: one CPU slot stays free so a fetch can evict into it
+    tiers = SegmentTiers(seg_shape, torch.bfloat16, gpu_slots=2, cpu_slots=7)
+    seg_bytes = math.prod(seg_shape) * 2
+    for i in range(8):
+        tiers.put(i, torch.randn(seg_shape, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+
+    def fetch_all():
+        for i in range(8):
+            tiers.fetch(i)
+        for i in range(8):
+            tiers.wait(i)
+    ms = timed(fetch_all, 3)
+    # each fetch moves one segment in and (LRU eviction) one out
+    RESULTS["tier_h2d_plus_d2h_GBps"] = gbps = 8 * 2 * seg_bytes / ms / 1e6
+    say(f"   tiering: 8 fetches of {seg_bytes / 2**20:.0f} MiB segments (each evicts one): {ms:.1f} ms, "
+        f"{gbps:.1f} GB/s of PCIe traffic")
+    g = GraphedDecode(model, kv, n)
+    alone = timed(g.replay, 20)
+
+    def both():
+        for i in range(8):
+            tiers.fetch(i)
+        for _ in range(10):
+            g.replay()
+        for i in range(8):
+            tiers.wait(i)
+    with_copies = timed(both, 3) / 10
+    RESULTS["decode_1m_with_side_stream_copies_ms"] = with_copies
+    say(f"   decode while the side stream moves segments: {with_copies:.2f} ms/token (alone {alone:.2f})")
+    del kv, g, tiers
+
+
+def extrapolate_1m(n_1m):
+    """Sum of chunk costs over a 1M prefill from measured chunk times (bf16 up to 128K, fp8 at
+    n/2 and n); piecewise-linear in the chunk's offset. An extrapolation, reported as such."""
+    pts = sorted(RESULTS.get("chunk_times_bf16", []))
+    pts = [(p0, t) for p0, t in pts if p0 > 0]  # the first chunk also pays warm-up effects
+    for key in (f"chunk_at_{n_1m // 2}_s", f"chunk_at_{n_1m - 4096}_s"):
+        if key in RESULTS:
+            pts.append((int(key.split("_")[2]), RESULTS[key]))
+    if len(pts) < 2:
+        return None
+    pts.sort()
+    total = 0.0
+    for p0 in range(0, n_1m, 4096):
+        lo = max((p for p in pts if p[0] <= p0), default=pts[0])
+        hi = min((p for p in pts if p[0] >= p0), default=pts[-1])
+        tt = lo[1] if hi[0] == lo[0] else lo[1] + (hi[1] - lo[1]) * (p0 - lo[0]) / (hi[0] - lo[0])
+        total += tt
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-dense-128k", action="store_true")
+    ap.add_argument("--skip-1m", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    p = torch.cuda.get_device_properties(0)
+    say(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs; torch {torch.__version__}")
+    import triton
+    say(f"triton {triton.__version__}")
+    shape = Shape(layers=4) if a.quick else LLAMA3_8B
+    scale = 8 if a.quick else 1
+    n32, n128, n1m = 32768 // scale, 131072 // scale, 1048576 // scale
+    ceilings()
+    correctness()
+    t0 = time.time()
+    w = Weights(shape)
+    torch.cuda.synchronize()
+    say(f"\nweights: {shape.weight_bytes() / 1e9:.1f} GB bf16 random, made in {time.time() - t0:.1f} s; "
+        f"weight-read floor per token {shape.weight_bytes() / (RESULTS.get('copy_TBps', 4.3) * 1e12) * 1e3:.2f} ms "
+        f"at the measured copy rate")
+    model = Model(shape, w, Routing())
+    sparse_bf16(model, n128, n32)
+    torch.cuda.empty_cache()
+    dense(model, [n32] if a.skip_dense_128k else [n32, n128])
+    torch.cuda.empty_cache()
+    if not a.skip_1m:
+        sparse_1m(model, n1m)
+    est = extrapolate_1m(n1m)
+    if est is not None:
+        RESULTS["prefill_1m_s_extrapolated"] = est
+
+    r = RESULTS
+    L = lambda n: f"{n // 1024}K" if n < 1 << 20 else f"{n >> 20}M"  # noqa: E731
+    rows = [
+        (f"decode ms/token @ {L(n32)}", r.get("decode_short_ms"), r.get(f"dense_decode_{n32}_ms"), None),
+        (f"decode ms/token @ {L(n128)}", r.get("decode_long_ms"), r.get(f"dense_decode_{n128}_ms"), TARGETS["decode_128k_ms"]),
+        (f"decode ms/token @ {L(n1m)} (fp8 KV)", r.get("decode_1m_ms"), None, TARGETS["decode_1m_ms"]),
+        (f"prefill s @ {L(n32)}", r.get("prefill_short_s"), r.get(f"dense_prefill_{n32}_s"), None),
+        (f"prefill s @ {L(n128)}", r.get("prefill_long_s"), r.get(f"dense_prefill_{n128}_s"), TARGETS["prefill_128k_s"]),
+        (f"prefill s @ {L(n1m)} EXTRAPOLATED", r.get("prefill_1m_s_extrapolated"), None, TARGETS["prefill_1m_s"]),
+        (f"first token s, 64 tok on cached {L(n128)}", r.get("first_token_long_s"), None, None),
+        (f"first token s, 64 tok on cached {L(n1m)}", r.get("first_token_1m_s"), None, TARGETS["first_token_1m_s"]),
+    ]
+    say("\n| figure | sparse (ours) | dense SDPA | dense/sparse | target | meets |")
+    say("| --- | --- | --- | --- | --- | --- |")
+    f = lambda x: "—" if x is None else f"{x:.3g}"  # noqa: E731
+    for name, sp, de, tg in rows:
+        ratio = f"{de / sp:.1f}x" if sp and de else "—"
+        meets = "—" if tg is None or sp is None or a.quick else ("yes" if sp <= tg else "NO")
+        say(f"| {name} | {f(sp)} | {f(de)} | {ratio} | {f(tg) if tg else '—'} | {meets} |")
+    say(f"\npeak GPU memory GiB: prefill {L(n128)} {f(r.get('peak_prefill_long_GiB'))}, decode {L(n128)} "
+        f"{f(r.get('peak_decode_long_GiB'))}, 1M fp8 {f(r.get('peak_1m_GiB'))}, dense {L(n128)} {f(r.get(f'dense_peak_{n128}_GiB'))}")
+    if r.get("errors"):
+        say(f"stages with errors: {r['errors']}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({k: v for k, v in r.items()}, fh, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""A Llama-shaped decoder on one GPU over the Triton kernels: the speed path and its bench model.
+
+Weights are plain bf16 tensors (random for benchmarks: speed does not depend on their values).
+The KV cache is time-major per layer, `[capacity, Hkv, D]`, in bf16 or fp8 (e4m3), with
+per-block min/max key descriptors for routing. Attention is either
+
+- `sparse`: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse.py);
+  prefill runs in chunks whose routing is shared per `route_chunk` queries, decode routes
+  each token; or
+- `dense`: PyTorch SDPA over the whole past (the reference the targets are measured against).
+
+Decode is one CUDA graph per step: the position lives in a device tensor that the graph
+advances, and the next token is the argmax written back into the input buffer, so a run of
+replays is real greedy decoding with no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ...kernels.attention.triton_kvstore import fused_append_kv
+from ...kernels.attention.triton_sparse import fused_block_scores, fused_sparse_attention, fused_topk_blocks
+from ...kernels.norm.triton_rms_norm import fused_rms_norm
+from ...kernels.rope.triton_rope import fused_rope
+from ...kernels.swiglu.triton_swiglu import fused_swiglu
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int = 32
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    ffn: int = 14336
+    vocab: int = 128256
+    rope_theta: float = 500000.0
+    eps: float = 1e-5
+
+    def __post_init__(self):
+        assert self.heads % self.kv_heads == 0 and self.head_dim % 2 == 0
+
+    @property
+    def q_size(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def weight_bytes(self) -> int:
+        per_layer = self.hidden * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden + 3 * self.hidden * self.ffn
+        return 2 * (self.layers * per_layer + 2 * self.vocab * self.hidden)
+
+
+LLAMA3_8B = Shape()
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Mirrors engine/settings.py's defaults (sinks 4, window 1024, blocks of 64, top-16, minmax,
+    routing shared by 512-query chunks)."""
+
+    sinks: int = 4
+    window: int = 1024
+    block: int = 64
+    top_k: int = 16
+    route_chunk: int = 512
+    score: str = "minmax"
+
+    def __post_init__(self):
+        assert self.sinks < self.block, "decode routing assumes the sinks lie inside block 0"
+
+
+class Weights:
+    def __init__(self, shape: Shape, device="cuda", seed: int = 0):
+        g = torch.Generator(device=device).manual_seed(seed)
+        s = shape
+
+        def rand(*dims):
+            # 1/sqrt(fan_in) keeps activations O(1) through 32 random layers
+            return (torch.randn(*dims, generator=g, device=device, dtype=torch.bfloat16) / math.sqrt(dims[-1]))
+
+        self.embed = torch.randn(s.vocab, s.hidden, generator=g, device=device, dtype=torch.bfloat16)
+        self.wqkv = [rand(s.q_size + 2 * s.kv_size, s.hidden) for _ in range(s.layers)]
+        self.wo = [rand(s.hidden, s.q_size) for _ in range(s.layers)]
+        self.w13 = [rand(2 * s.ffn, s.hidden) for _ in range(s.layers)]
+        self.w2 = [rand(s.hidden, s.ffn) for _ in range(s.layers)]
+        self.ln1 = [1 + 0.1 * torch.randn(s.hidden, generator=g, device=device, dtype=torch.bfloat16) for _ in range(s.layers)]
+        self.ln2 = [1 + 0.1 * torch.randn(s.hidden, generator=g, device=device, dtype=torch.bfloat16) for _ in range(s.layers)]
+        self.norm = torch.ones(s.hidden, device=device, dtype=torch.bfloat16)
+        self.lm_head = rand(s.vocab, s.hidden)
+
+
+class KVCache:
+    """Per-layer time-major K/V `[capacity, Hkv, D]` plus block min/max descriptors."""
+
+    def __init__(self, shape: Shape, capacity: int, dtype=torch.bfloat16, block: int = 64, layout: str = "time",
+                 device="cuda"):
+        self.shape, self.capacity, self.dtype, self.block, self.layout = shape, capacity, dtype, block, layout
+        s = shape
+        if layout == "time":
+            dims = (s.layers, capacity, s.kv_heads, s.head_dim)
+        else:  # "head": [L, Hkv, N, D], what SDPA wants for the dense baseline
+            dims = (s.layers, s.kv_heads, capacity, s.head_dim)
+        self.k = torch.empty(dims, dtype=dtype, device=device)
+        self.v = torch.empty(dims, dtype=dtype, device=device)
+        nb = -(-capacity // block)
+        self.kmin = torch.empty(s.layers, nb, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device=device)
+        self.kmax = torch.empty_like(self.kmin)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.kmin, self.kmax))
+
+    def fill_random(self, n: int, seed: int = 1) -> None:
+        """Stand-in for a prefilled document of n tokens (timing only), descriptors included."""
+        g = torch.Generator(device=self.k.device).manual_seed(seed)
+        step = 1 << 16  # keys per piece: bounded temporaries even at 1M tokens
+        s = self.shape
+        for layer in range(s.layers):
+            for a in range(0, n, step):
+                b = min(n, a + step)
+                keys = torch.randn(b - a, s.kv_heads, s.head_dim, generator=g, device=self.k.device, dtype=torch.bfloat16)
+                vals = torch.randn(b - a, s.kv_heads, s.head_dim, generator=g, device=self.k.device, dtype=torch.bfloat16)
+                if self.layout == "time":
+                    self.k[layer, a:b] = keys
+                    self.v[layer, a:b] = vals
+                    self.update_descriptors(layer, a, b)
+                else:
+                    self.k[layer, :, a:b] = keys.transpose(0, 1)
+                    self.v[layer, :, a:b] = vals.transpose(0, 1)
+
+    def update_descriptors(self, layer: int, start: int, end: int) -> None:
+        """Recompute min/max of every block touched by keys start..end-1 (their keys are stored)."""
+        b0, b1 = start // self.block, -(-end // self.block)
+        keys = self.k[layer, b0 * self.block: b1 * self.block]
+        if keys.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            keys = keys.to(torch.bfloat16)  # fp8 has no min/max kernels
+        if keys.shape[0] < (b1 - b0) * self.block or end % self.block:
+            keys = keys[: end - b0 * self.block].float()
+            pad = (b1 - b0) * self.block - keys.shape[0]
+            lo = torch.cat([keys, keys.new_full((pad, *keys.shape[1:]), float("inf"))])
+            hi = torch.cat([keys, keys.new_full((pad, *keys.shape[1:]), float("-inf"))])
+        else:
+            lo = hi = keys
+        shp = (b1 - b0, self.block, self.shape.kv_heads, self.shape.head_dim)
+        self.kmin[layer, b0:b1] = lo.reshape(shp).amin(1).to(torch.bfloat16)
+        self.kmax[layer, b0:b1] = hi.reshape(shp).amax(1).to(torch.bfloat16)
+
+
+class Model:
+    def __init__(self, shape: Shape, weights: Weights, routing: Routing = Routing()):
+        self.s, self.w, self.r = shape, weights, routing
+        half = shape.head_dim // 2
+        self.inv_freq = 1.0 / shape.rope_theta ** (
+            torch.arange(half, dtype=torch.float64, device="cuda") * 2 / shape.head_dim)
+
+    def cos_sin(self, positions: torch.Tensor):
+        ang = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
+        return ang.cos().float(), ang.sin().float()
+
+    # --- one layer's attention under each mode -------------------------------------------------
+    def _attend_sparse_prefill(self, layer, q, kv: KVCache, p0: int, t: int):
+        r = self.r
+        n = p0 + t
+        nb = -(-n // r.block)
+        scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], kv.kmin[layer, :nb], r.score,
+                                    chunk=r.route_chunk)
+        c = scores.shape[0]
+        last = torch.clamp(torch.arange(1, c + 1, device=q.device) * r.route_chunk, max=t) - 1 + p0
+        # a block is a candidate if some key of it is outside the window of the chunk's last query
+        end = ((last - r.window + 1 + r.block - 1) // r.block).clamp_min(0)[:, None, None]
+        idx = fused_topk_blocks(scores, r.top_k, r.sinks // r.block, end)
+        out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, idx, r.block, r.sinks, r.window)
+        return out
+
+    def decode_end(self, pos: torch.Tensor) -> torch.Tensor:
+        """First block whose keys the window of the query at `pos` covers (same for all layers)."""
+        r = self.r
+        return ((pos - r.window + r.block) // r.block).clamp_min(0)
+
+    def _attend_sparse_decode(self, layer, q, kv: KVCache, pos: torch.Tensor, end: torch.Tensor):
+        r = self.r
+        scores = fused_block_scores(q, kv.kmin[layer], kv.kmax[layer], kv.kmin[layer], r.score,
+                                    candidates=(r.sinks // r.block, end))
+        # Fewer than top_k candidates only early in a context: the extra picks are then blocks
+        # the window covers, whose keys the kernel masks (exact because no block precedes
+        # `first` when sinks < block), so the unsorted raw top-k needs no clean-up launches.
+        idx = torch.topk(scores, min(r.top_k, scores.shape[-1]), dim=-1, sorted=False).indices
+        out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, idx, r.block, r.sinks, r.window)
+        return out
+
+    def layer(self, i: int, x: torch.Tensor, kv: KVCache, cos, sin, *, p0: int | None = None,
+              pos: torch.Tensor | None = None, mode: str = "sparse", dense_len: int | None = None,
+              end: torch.Tensor | None = None):
+        s, w = self.s, self.w
+        t = x.shape[0]
+        h = fused_rms_norm(x, w.ln1[i], s.eps)
+        qkv = h @ w.wqkv[i].t()
+        qk = qkv[:, : s.q_size + s.kv_size].view(t, s.heads + s.kv_heads, s.head_dim)
+        fused_rope(qk, cos, sin, out=qk)  # q and k heads are adjacent: one launch rotates both
+        q = qkv[:, : s.q_size].view(t, s.heads, s.head_dim)
+        k = qkv[:, s.q_size: s.q_size + s.kv_size].view(t, s.kv_heads, s.head_dim)
+        v = qkv[:, s.q_size + s.kv_size:].view(t, s.kv_heads, s.head_dim)
+        if mode == "sparse":
+            if pos is not None:
+                fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, self.r.block)
+                o = self._attend_sparse_decode(i, q, kv, pos, self.decode_end(pos) if end is None else end)
+            else:
+                kv.k[i, p0: p0 + t] = k
+                kv.v[i, p0: p0 + t] = v
+                kv.update_descriptors(i, p0, p0 + t)
+                o = self._attend_sparse_prefill(i, q, kv, p0, t)
+        else:
+            o = self._attend_dense(i, q, k, v, kv, p0, pos, dense_len)
+        x = torch.addmm(x, o.reshape(t, s.q_size), w.wo[i].t())
+        h = fused_rms_norm(x, w.ln2[i], s.eps)
+        gu = h @ w.w13[i].t()
+        a = fused_swiglu(gu[:, : s.ffn], gu[:, s.ffn:])
+        return torch.addmm(x, a, w.w2[i].t())
+
+    def _attend_dense(self, i, q, k, v, kv: KVCache, p0, pos, dense_len):
+        s = self.s
+        t = q.shape[0]
+        g = s.heads // s.kv_heads
+        if pos is not None:
+            # decode at a fixed context length (dense_len keys incl. this one): SDPA has static
+            # shapes only; the G query heads of a group become G queries of its kv head
+            kv.k[i, :, dense_len - 1] = k[0]
+            kv.v[i, :, dense_len - 1] = v[0]
+            qh = q.view(s.kv_heads, g, s.head_dim)[None]
+            o = F.scaled_dot_product_attention(qh, kv.k[i, None, :, :dense_len], kv.v[i, None, :, :dense_len])
+            return o.reshape(1, s.heads, s.head_dim)
+        kv.k[i, :, p0: p0 + t] = k.transpose(0, 1)
+        kv.v[i, :, p0: p0 + t] = v.transpose(0, 1)
+        assert p0 == 0, "the dense baseline prefills in one piece"
+        kk = kv.k[i, :, :t].repeat_interleave(g, dim=0)[None]
+        vv = kv.v[i, :, :t].repeat_interleave(g, dim=0)[None]
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk, vv, is_causal=True)
+        return o[0].transpose(0, 1)
+
+    # --- whole passes ---------------------------------------------------------------------------
+    def logits_last(self, x: torch.Tensor) -> torch.Tensor:
+        h = fused_rms_norm(x[-1:], self.w.norm, self.s.eps)
+        return h @ self.w.lm_head.t()
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, kv: KVCache, p0: int = 0, *, chunk: int = 4096, mode: str = "sparse",
+                chunk_times: list | None = None) -> torch.Tensor:
+        """Run tokens [T] at positions p0.. through the model, filling kv; returns last logits."""
+        t_all = tokens.shape[0]
+        step = chunk if mode == "sparse" else t_all
+        logits = None
+        for a in range(0, t_all, step):
+            ev = None
+            if chunk_times is not None:
+                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                ev[0].record()
+            b = min(t_all, a + step)
+            x = self.w.embed[tokens[a:b]]
+            cos, sin = self.cos_sin(torch.arange(p0 + a, p0 + b, device=tokens.device))
+            for i in range(self.s.layers):
+                x = self.layer(i, x, kv, cos, sin, p0=p0 + a, mode=mode)
+            if b == t_all:
+                logits = self.logits_last(x)
+            if ev is not None:
+                ev[1].record()
+                chunk_times.append((p0 + a, b - a, ev))
+        return logits
+
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, kv: KVCache, mode: str = "sparse",
+                    dense_len: int | None = None) -> None:
+        """tok [1] long, pos [1] int32 device buffers; overwrites tok with the greedy next token
+        and advances pos (sparse mode; the dense baseline stays at dense_len)."""
+        x = self.w.embed[tok]
+        cos, sin = self.cos_sin(pos)
+        end = self.decode_end(pos)  # once per step, not per layer: fewer graph nodes
+        for i in range(self.s.layers):
+            x = self.layer(i, x, kv, cos, sin, pos=pos, mode=mode, dense_len=dense_len, end=end)
+        tok.copy_(self.logits_last(x).argmax(-1))
+        if mode == "sparse":
+            pos.add_(1)
+
+
+class GraphedDecode:
+    """One decode step captured as a CUDA graph over static token/position buffers."""
+
+    def __init__(self, model: Model, kv: KVCache, start_pos: int, mode: str = "sparse", warmup: int = 2):
+        self.tok = torch.zeros(1, dtype=torch.long, device="cuda")
+        self.pos = torch.tensor([start_pos], dtype=torch.int32, device="cuda")
+        self.start = start_pos
+        dense_len = start_pos + 1 if mode == "dense" else None
+        step = lambda: model.decode_step(self.tok, self.pos, kv, mode, dense_len)  # noqa: E731
+        with torch.inference_mode():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(warmup):  # compiles kernels, sets up cuBLAS handles
+                    step()
+            torch.cuda.current_stream().wait_stream(s)
+            self.reset()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                step()
+        self.reset()
+
+    def reset(self) -> None:
+        self.pos.fill_(self.start)
+        self.tok.fill_(1)
+
+    def replay(self) -> None:
+        self.graph.replay()

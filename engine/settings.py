@@ -1,0 +1,70 @@
+"""Engine settings that shape attention and the KV cache.
+
+Everything that changes what a cached key/value or descriptor means is part of `cache_key()`,
+so two runs under different settings never share prefix-cache segments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+POSITION_SCHEMES = ("true", "packed", "inflm")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    attention: str = "sparse"  # "sparse" or "dense"
+    sink_tokens: int = 4
+    window: int = 1024  # local window: query i always sees keys i-window+1 .. i
+    block_size: int = 64  # routing granularity
+    top_k: int = 16  # routed blocks per query chunk and kv head
+    block_score: str = "minmax"  # "minmax" (upper bound of q.k) or "mean" (q . mean key)
+    segment_size: int = 2048  # tokens per cache segment (unit of tiering and prefix caching)
+    chunk_size: int = 512  # prefill chunk (bounds activation memory)
+    # Queries that share one routing decision (a smaller value lets the question's last tokens
+    # pick their own blocks; 32 was measured in bench/results/passkey.md: no better, 10x slower).
+    route_chunk: int = 512
+    # Positions that distant (routed) blocks get, so contexts longer than the model's trained
+    # length stay inside the positions it knows:
+    #   true   - every key at its real position (exact, but distances grow without bound)
+    #   packed - sinks, the routed blocks in order, then the window: positions are indices into
+    #            that compressed sequence (equals true whenever every block is routed)
+    #   inflm  - InfLLM-style: all routed tokens at one position just outside the window, sinks
+    #            at their own positions, window at true relative positions
+    positions: str = "packed"
+    # Below this many keys the sparse state attends densely (same result, less bookkeeping);
+    # 0 forces the routed path everywhere (tests use that to check it equals dense).
+    dense_below: int = 2048
+    live_segments: int = 0  # segments kept as live tensors per state; 0 = no limit
+    kv_dtype: str = "float32"  # storage dtype of the cache: float32, bfloat16, float16
+
+    def __post_init__(self):
+        assert self.attention in ("sparse", "dense"), self.attention
+        assert self.positions in POSITION_SCHEMES, self.positions
+        assert self.block_score in ("minmax", "mean"), self.block_score
+        assert self.block_size > 0 and self.window > 0 and self.top_k >= 0 and self.sink_tokens >= 0
+        assert self.segment_size % self.block_size == 0, "segments hold whole blocks"
+        assert self.chunk_size > 0 and self.route_chunk > 0 and self.live_segments >= 0
+        assert self.kv_dtype in ("float32", "bfloat16", "float16"), self.kv_dtype
+
+    @property
+    def budget(self) -> int:
+        """Keys a query can see at most: sinks + routed blocks + window."""
+        return self.sink_tokens + self.top_k * self.block_size + self.window
+
+    def cache_key(self) -> str:
+        """Hash of the fields that change what a cached segment holds.
+
+        Routing knobs (window, sinks, top_k, score method) only change how stored keys are
+        read, so a document read once serves every routing budget; block size, segment size,
+        KV dtype and the positions scheme (raw vs rotated descriptors) change the bytes.
+        """
+        fields = asdict(self)
+        for runtime_only in (
+            "chunk_size", "route_chunk", "dense_below", "live_segments", "attention", "top_k", "window", "sink_tokens",
+            "block_score",
+        ):
+            fields.pop(runtime_only)
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

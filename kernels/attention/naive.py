@@ -1,0 +1,202 @@
+"""PyTorch references for the three-layer attention (sinks + local window + routed blocks).
+
+Every function upcasts to fp32, takes explicit tensors and returns tensors, so a Triton kernel
+with the same signature can replace it. Layout is one sequence (batch 1), time-major:
+q [T, Hq, D], k and v [N, Hkv, D], with Hq a multiple of Hkv (GQA: query head h reads kv head
+h // (Hq // Hkv)). A query chunk covers absolute indices q_offset .. q_offset + T - 1 of the
+key sequence and sees keys causally (key j <= query index).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int]:
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"expected q [T,Hq,D], k=v [N,Hkv,D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if k.shape[2] != d:
+        raise ValueError(f"head_dim of q ({d}) and k ({k.shape[2]}) differ")
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads cannot be grouped over {hkv} kv heads")
+    return t, hq, hkv, d
+
+
+def _grouped(q: torch.Tensor, hkv: int) -> torch.Tensor:
+    """q [T, Hq, D] -> [Hkv, G*T, D] with the G query heads of a group stacked along time."""
+    t, hq, d = q.shape
+    g = hq // hkv
+    return q.float().permute(1, 0, 2).reshape(hkv, g * t, d)
+
+
+def _ungrouped(x: torch.Tensor, t: int) -> torch.Tensor:
+    """Inverse of _grouped for outputs: [Hkv, G*T, ...] -> [T, Hq, ...]."""
+    hkv = x.shape[0]
+    x = x.reshape(hkv * (x.shape[1] // t), t, *x.shape[2:])
+    return x.transpose(0, 1)
+
+
+def naive_masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention where each kv head has its own key set and mask.
+
+    q [T, Hq, D]; k, v [Hkv, M, D]; mask bool [Hkv, T, M] (True = attend).
+    Returns out [T, Hq, D] (fp32) and lse [T, Hq] (natural log of the softmax denominator of
+    the scaled scores). A query with no visible key gets out 0 and lse -inf, so merging it with
+    another part is a no-op.
+    """
+    t, hq, d = q.shape
+    hkv = k.shape[0]
+    if k.dim() != 3 or v.shape != k.shape or mask.shape != (hkv, t, k.shape[1]) or hq % hkv:
+        raise ValueError(f"bad shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} mask {tuple(mask.shape)}")
+    g = hq // hkv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    s = torch.bmm(_grouped(q, hkv), k.float().transpose(1, 2)) * scale  # [Hkv, G*T, M]
+    m = mask.repeat(1, g, 1)
+    s = s.masked_fill(~m, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [Hkv, G*T]
+    p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).min))
+    p = p.nan_to_num(0.0)
+    out = torch.bmm(p, v.float())
+    return _ungrouped(out, t), _ungrouped(lse, t)
+
+
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense causal attention for a query chunk.
+
+    q [T, Hq, D] at absolute indices q_offset..q_offset+T-1; k, v [N, Hkv, D] (N >= q_offset+T,
+    keys beyond a query's index are masked). Returns out [T, Hq, D] fp32 and lse [T, Hq].
+    """
+    t, _, hkv, _ = _check(q, k, v)
+    n = k.shape[0]
+    if q_offset < 0 or q_offset + t > n:
+        raise ValueError(f"queries {q_offset}..{q_offset + t} fall outside {n} keys")
+    rows = torch.arange(q_offset, q_offset + t, device=q.device)[:, None]
+    mask = (torch.arange(n, device=q.device)[None, :] <= rows).expand(hkv, t, n)
+    return naive_masked_attention(q, k.transpose(0, 1), v.transpose(0, 1), mask, scale)
+
+
+def naive_block_descriptors(k: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per block of `block_size` consecutive keys and per kv head: min, max and mean key.
+
+    k [N, Hkv, D] -> kmin, kmax, kmean each [ceil(N / block_size), Hkv, D] fp32; the last block
+    may be partial and is summarised over its valid keys only.
+    """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    n, hkv, d = k.shape
+    nb = -(-n // block_size)
+    pad = nb * block_size - n
+    kf = k.float()
+    blocks = torch.nn.functional.pad(kf, (0, 0, 0, 0, 0, pad)).reshape(nb, block_size, hkv, d)
+    valid = (torch.arange(nb * block_size, device=k.device) < n).reshape(nb, block_size, 1, 1)
+    kmin = blocks.masked_fill(~valid, float("inf")).amin(1)
+    kmax = blocks.masked_fill(~valid, float("-inf")).amax(1)
+    counts = valid.sum(1).clamp_min(1)
+    kmean = (blocks * valid).sum(1) / counts
+    return kmin, kmax, kmean
+
+
+def naive_block_scores(
+    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, method: str = "minmax"
+) -> torch.Tensor:
+    """Relevance of each block to a query chunk, shared by the chunk and by a GQA group.
+
+    q [T, Hq, D]; descriptors [NB, Hkv, D]. Per query vector x and block:
+      minmax: sum_d max(x_d * kmin_d, x_d * kmax_d)  (an upper bound of x . k over the block)
+      mean:   x . kmean
+    Returns scores [Hkv, NB] fp32: the max over the T queries and the G query heads of a group.
+    """
+    hkv = kmin.shape[1]
+    if q.shape[1] % hkv:
+        raise ValueError(f"{q.shape[1]} query heads cannot be grouped over {hkv} kv heads")
+    x = _grouped(q, hkv)  # [Hkv, G*T, D]
+    if method == "minmax":
+        # max(x*lo, x*hi) = x*(lo+hi)/2 + |x|*(hi-lo)/2: two matmuls instead of a [.., NB, D] tensor
+        center = ((kmin.float() + kmax.float()) / 2).permute(1, 2, 0)  # [Hkv, D, NB]
+        radius = ((kmax.float() - kmin.float()) / 2).permute(1, 2, 0)
+        s = torch.bmm(x, center) + torch.bmm(x.abs(), radius)
+    elif method == "mean":
+        s = torch.bmm(x, kmean.float().permute(1, 2, 0))
+    else:
+        raise ValueError(f"unknown block score method {method!r} (minmax, mean)")
+    return s.amax(1)
+
+
+def naive_topk_blocks(scores: torch.Tensor, top_k: int, first: int, end: int) -> torch.Tensor:
+    """The top_k highest-scoring blocks among candidates first..end-1, per kv head.
+
+    scores [Hkv, NB]. Blocks before `first` (covered by the sinks) and from `end` on (covered
+    by the local window) are never chosen. Returns LongTensor [Hkv, min(top_k, end-first)] of
+    block ids sorted ascending.
+    """
+    hkv, nb = scores.shape
+    first, end = max(0, first), min(nb, end)
+    k = max(0, min(top_k, end - first))
+    if k == 0:
+        return torch.empty(hkv, 0, dtype=torch.long, device=scores.device)
+    idx = torch.topk(scores[:, first:end].float(), k, dim=1, sorted=False).indices + first
+    return idx.sort(dim=1).values
+
+
+def sparse_mask(
+    n_keys: int, q_offset: int, t: int, block_idx: torch.Tensor, block_size: int, sink_tokens: int, window: int
+) -> torch.Tensor:
+    """bool [Hkv, T, N]: which keys each query sees under sinks + window + selected blocks."""
+    dev = block_idx.device
+    j = torch.arange(n_keys, device=dev)
+    i = torch.arange(q_offset, q_offset + t, device=dev)[:, None]
+    base = (j[None, :] <= i) & ((j[None, :] < sink_tokens) | (j[None, :] > i - window))
+    hkv = block_idx.shape[0]
+    nb = -(-n_keys // block_size)
+    chosen = torch.zeros(hkv, nb + 1, dtype=torch.bool, device=dev)  # column nb takes the -1 slots
+    chosen.scatter_(1, torch.where(block_idx < 0, nb, block_idx), True)
+    in_block = chosen[:, j // block_size]  # [Hkv, N]
+    return base[None] | ((j[None, None, :] <= i[None]) & in_block[:, None, :])
+
+
+def naive_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offset: int,
+    block_idx: torch.Tensor,
+    block_size: int,
+    sink_tokens: int,
+    window: int,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention over sinks ∪ selected blocks ∪ local window, with true positions.
+
+    q [T, Hq, D], k, v [N, Hkv, D] (both already rotated); block_idx LongTensor [Hkv, K] of
+    selected block ids (-1 = unused slot). Query i (absolute q_offset + t) sees key j <= i when
+    j < sink_tokens, or i - window < j, or j lies in a block selected for its kv head. Each key
+    is counted once even when it is in several of those sets. Returns out [T, Hq, D], lse [T, Hq].
+    """
+    t, _, hkv, _ = _check(q, k, v)
+    if block_idx.dim() != 2 or block_idx.shape[0] != hkv:
+        raise ValueError(f"block_idx must be [Hkv={hkv}, K]; got {tuple(block_idx.shape)}")
+    mask = sparse_mask(k.shape[0], q_offset, t, block_idx, block_size, sink_tokens, window)
+    return naive_masked_attention(q, k.transpose(0, 1), v.transpose(0, 1), mask, scale)
+
+
+def merge_attention(
+    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine softmax attention over two disjoint key sets into attention over their union.
+
+    o [T, H, D], lse [T, H]. lse = log(e^lse1 + e^lse2); out = (e^lse1 o1 + e^lse2 o2) / e^lse.
+    A part with lse -inf (no keys) contributes nothing.
+    """
+    lse = torch.logaddexp(lse1.float(), lse2.float())
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    w1 = torch.exp(lse1.float() - safe).unsqueeze(-1)
+    w2 = torch.exp(lse2.float() - safe).unsqueeze(-1)
+    return w1 * o1.float() + w2 * o2.float(), lse

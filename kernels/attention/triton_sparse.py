@@ -1,0 +1,390 @@
+"""Triton kernels for the three-layer sparse attention (sinks + local window + routed blocks).
+
+Same arguments and semantics as the references in `naive.py` (`naive_x` <-> `fused_x`):
+
+- `fused_block_scores`: minmax / mean block scores, max over a query chunk and a GQA group.
+- `fused_topk_blocks`: top-k candidate blocks per kv head (fixed output shape, -1 padded, so a
+  decode step can be captured in a CUDA graph; `end` may be a device tensor).
+- `fused_sparse_attention`: exact attention over sinks ∪ selected blocks ∪ window, one kernel
+  for prefill chunks and decode. The work of one kv head is a list of key tiles (selected
+  blocks, then sink tiles, then window tiles); each key tile is masked so that a key is counted
+  once even when it is in several sets. The list can be split across programs
+  (flash-decoding); the partial (out, lse) pairs are merged exactly by a second kernel.
+  Optionally the keys live in a paged pool addressed through `block_table`.
+
+All query heads of one GQA group share a program, so each key tile is read once per kv head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..gpu import interpreting
+
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _block_scores_kernel(
+    q_ptr, kmin_ptr, kmax_ptr, kmean_ptr, out_ptr, end_ptr,
+    n_q, chunk, n_blocks, group, first,
+    sq_t, sq_h, sd_b, sd_h, so_c, so_h,
+    MINMAX: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_END: tl.constexpr,
+):
+    h = tl.program_id(0)
+    nb = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c = tl.program_id(2)
+    t0 = c * chunk
+    n_rows = (tl.minimum(t0 + chunk, n_q) - t0) * group
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    bmask = nb < n_blocks
+    dptr = nb[:, None].to(tl.int64) * sd_b + h * sd_h + d[None, :]
+    lmask = bmask[:, None] & dmask[None, :]
+    # descriptors stay in their storage dtype (bf16 on the GPU path: tensor-core products)
+    if MINMAX:
+        kmax = tl.load(kmax_ptr + dptr, mask=lmask, other=0.0)
+        kmin = tl.load(kmin_ptr + dptr, mask=lmask, other=0.0)
+        ddt = kmax.dtype
+    else:
+        kmean = tl.load(kmean_ptr + dptr, mask=lmask, other=0.0)
+        ddt = kmean.dtype
+    best = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    # rows enumerate (query, head-in-group) pairs of this kv head
+    for r0 in range(0, n_rows, BLOCK_M):
+        r = r0 + tl.arange(0, BLOCK_M)
+        rmask = r < n_rows
+        t = t0 + r // group
+        hq = h * group + r % group
+        x = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
+                    mask=rmask[:, None] & dmask[None, :], other=0.0).to(ddt)
+        if MINMAX:
+            # max(x*lo, x*hi) summed over d == relu(x).hi + min(x,0).lo: two matrix products
+            s = tl.dot(tl.maximum(x, 0.0).to(ddt), tl.trans(kmax)) + tl.dot(tl.minimum(x, 0.0).to(ddt), tl.trans(kmin))
+        else:
+            s = tl.dot(x, tl.trans(kmean))
+        s = tl.where(rmask[:, None], s, float("-inf"))
+        best = tl.maximum(best, tl.max(s, axis=0))
+    if HAS_END:
+        # non-candidates (sink-covered or window-covered blocks) can never win a top-k slot
+        best = tl.where((nb >= first) & (nb < tl.load(end_ptr)), best, float("-inf"))
+    tl.store(out_ptr + c * so_c + h * so_h + nb, best, mask=bmask)
+
+
+def fused_block_scores(
+    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, method: str = "minmax",
+    *, chunk: int | None = None, candidates: tuple | None = None,
+) -> torch.Tensor:
+    """Relevance of each block to a query chunk, shared by the chunk and by a GQA group.
+
+    q [T, Hq, D]; descriptors [NB, Hkv, D] (the unused one may be any tensor of that shape).
+    Returns scores [Hkv, NB] fp32, the max over the T queries and the G heads of a group of
+    `minmax`: sum_d max(x_d kmin_d, x_d kmax_d), or `mean`: x . kmean.
+    With `chunk`, the queries are cut into ceil(T / chunk) routing chunks scored in one launch:
+    returns [C, Hkv, NB]. With `candidates=(first, end)` (end a 1-element device tensor) blocks
+    outside first..end-1 score -inf, which lets a decode step skip `fused_topk_blocks`' masking.
+    """
+    if method not in ("minmax", "mean"):
+        raise ValueError(f"unknown block score method {method!r} (minmax, mean)")
+    t, hq, d = q.shape
+    ref = kmin if method == "minmax" else kmean
+    nb, hkv, dd = ref.shape
+    if dd != d or hq % hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match descriptors {tuple(ref.shape)}")
+    if method == "minmax" and (kmax.shape != kmin.shape or kmax.stride() != kmin.stride()):
+        raise ValueError("kmin and kmax must have one shape and layout")
+    if q.stride(-1) != 1 or ref.stride(-1) != 1:
+        raise ValueError("q and descriptors must be contiguous in their last dimension")
+    c_len = t if chunk is None else chunk
+    n_c = max(1, triton.cdiv(t, c_len))
+    out = torch.empty(n_c, hkv, nb, dtype=torch.float32, device=q.device)
+    if nb and t:
+        g = hq // hkv
+        block_n = 64
+        first, end = candidates if candidates is not None else (0, out)
+        big = min(c_len, t) * g >= 512  # prefill routing chunks: larger tensor-core tiles
+        _block_scores_kernel[(hkv, triton.cdiv(nb, block_n), n_c)](
+            q, kmin, kmax, kmean, out, end, t, c_len, nb, g, first,
+            q.stride(0), q.stride(1), ref.stride(0), ref.stride(1), out.stride(0), out.stride(1),
+            MINMAX=method == "minmax", D=d, BLOCK_D=triton.next_power_of_2(d),
+            BLOCK_M=128 if big else 32, BLOCK_N=block_n, HAS_END=candidates is not None,
+            num_warps=8 if big else 4,
+        )
+    elif nb:
+        out.fill_(float("-inf"))
+    return out if chunk is not None else out[0]
+
+
+def fused_topk_blocks(scores: torch.Tensor, top_k: int, first, end) -> torch.Tensor:
+    """The top_k highest-scoring candidate blocks first..end-1 per kv head.
+
+    scores [..., Hkv, NB]. Unlike `naive_topk_blocks` the result always has top_k columns,
+    padded with -1 where fewer candidates exist, and `first`/`end` may be device tensors
+    (broadcast against [..., Hkv, 1]): no host synchronisation, so it can sit inside a
+    captured decode step. Ids are sorted ascending with the -1 slots last.
+    """
+    nb = scores.shape[-1]
+    lead = scores.shape[:-1]
+    k = min(top_k, nb)
+    if k <= 0:
+        return torch.full((*lead, max(top_k, 0)), -1, dtype=torch.long, device=scores.device)
+    ids = torch.arange(nb, device=scores.device)
+    cand = (ids >= first) & (ids < end)
+    s = torch.where(cand, scores.float(), float("-inf"))
+    top = torch.topk(s, k, dim=-1, sorted=False)
+    idx = torch.where(torch.isfinite(top.values), top.indices, nb)
+    idx = idx.sort(dim=-1).values
+    idx = torch.where(idx == nb, -1, idx)
+    if k < top_k:
+        idx = torch.cat([idx, idx.new_full((*lead, top_k - k), -1)], dim=-1)
+    return idx
+
+
+@triton.jit
+def _sparse_attn_kernel(
+    q_ptr, k_ptr, v_ptr, bidx_ptr, btab_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, qoff_ptr,
+    n_q, group, n_sel, n_keys_static, sink_tokens, window, scale_log2,
+    sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk,
+    NUM_SPLITS: tl.constexpr, HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr,
+    BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    if QOFF_PTR:
+        q_offset = tl.load(qoff_ptr).to(tl.int32)
+    else:
+        q_offset = n_keys_static
+    n_rows = n_q * group
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = r < n_rows
+    t = r // group
+    hq = h * group + r % group
+    pos = q_offset + t  # absolute index of each row's query
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0)
+    if KV_FP8:
+        q = q.to(tl.bfloat16)
+
+    # the tile list of this program: selected blocks, sink tiles, then window tiles
+    t_hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_rows) - 1
+    p_lo = q_offset + (pid_m * BLOCK_M) // group
+    p_hi = q_offset + t_hi // group
+    n_sink_tiles = (sink_tokens + BLOCK - 1) // BLOCK
+    win_first = tl.maximum(p_lo - window + 1, 0) // BLOCK
+    n_win_tiles = p_hi // BLOCK - win_first + 1
+    n_items = n_sel + n_sink_tiles + n_win_tiles
+    per = (n_items + NUM_SPLITS - 1) // NUM_SPLITS
+    # this program's rows lie in one routing chunk (the wrapper checks the tiling)
+    bidx_ptr += ((pid_m * BLOCK_M) // group // sel_chunk).to(tl.int64) * sb_c
+    i_lo = split * per
+    i_hi = tl.minimum(i_lo + per, n_items)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    j_in = tl.arange(0, BLOCK)
+    for item in range(i_lo, i_hi):
+        is_sel = item < n_sel
+        is_sink = (item >= n_sel) & (item < n_sel + n_sink_tiles)
+        is_win = item >= n_sel + n_sink_tiles
+        one = item + tl.arange(0, 1)
+        chosen = tl.max(tl.load(bidx_ptr + h * sb_h + one, mask=one < n_sel, other=-1), axis=0).to(tl.int32)
+        blk = tl.where(is_sel, chosen, tl.where(is_sink, item - n_sel, win_first + (item - n_sel - n_sink_tiles)))
+        j = tl.maximum(blk, 0) * BLOCK + j_in  # logical key index
+        causal = j[None, :] <= pos[:, None]
+        in_sink = j[None, :] < sink_tokens
+        in_win = j[None, :] > pos[:, None] - window
+        # each key counted once: a selected block skips what the sinks and window already cover
+        valid = causal & (
+            (is_sel & (blk >= 0) & ~in_sink & ~in_win) | (is_sink & in_sink) | (is_win & in_win & ~in_sink)
+        )
+        if HAS_TABLE:
+            phys = tl.load(btab_ptr + tl.maximum(blk, 0)).to(tl.int64)
+            row = phys * BLOCK + j_in
+        else:
+            row = j.to(tl.int64)
+        # rows past the last query are never written (or past the tensor): 0 * NaN would poison
+        kv_mask = (j[:, None] <= p_hi) & dmask[None, :]
+        k = tl.load(k_ptr + row[:, None] * sk_n + h * sk_h + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + row[:, None] * sv_n + h * sv_h + d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(tl.bfloat16)
+            v = v.to(tl.bfloat16)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # rows that have seen no key yet keep a finite reference point (avoids inf - inf)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        empty = l_i == 0.0
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+        tl.store(out_ptr + t[:, None].to(tl.int64) * so_t + hq[:, None] * so_h + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+        tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
+    else:
+        # partials in base-2 log units, unnormalised accumulators divided by l
+        empty = l_i == 0.0
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        base = ((pid_m * tl.num_programs(1) + h) * NUM_SPLITS + split).to(tl.int64)
+        tl.store(po_ptr + (base * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * BLOCK_D + d[None, :], o)
+        tl.store(plse_ptr + base * BLOCK_M + tl.arange(0, BLOCK_M), lse2)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    po_ptr, plse_ptr, out_ptr, lse_ptr, n_q, group, so_t, so_h, sl_t,
+    NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    rr = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        base = ((pid_m * tl.num_programs(1) + h) * NUM_SPLITS + s).to(tl.int64)
+        m = tl.maximum(m, tl.load(plse_ptr + base * BLOCK_M + rr))
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    tot = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(NUM_SPLITS):
+        base = ((pid_m * tl.num_programs(1) + h) * NUM_SPLITS + s).to(tl.int64)
+        w = tl.exp2(tl.load(plse_ptr + base * BLOCK_M + rr) - m_ref)
+        tot += w
+        acc += w[:, None] * tl.load(po_ptr + (base * BLOCK_M + rr)[:, None] * BLOCK_D + d[None, :])
+    empty = tot == 0.0
+    o = acc / tl.where(empty, 1.0, tot)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_ref + tl.log2(tl.where(empty, 1.0, tot))) / 1.4426950408889634)
+    r = pid_m * BLOCK_M + rr
+    rmask = r < n_q * group
+    t = r // group
+    hq = h * group + r % group
+    tl.store(out_ptr + t[:, None].to(tl.int64) * so_t + hq[:, None] * so_h + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (d[None, :] < D))
+    tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
+
+
+def fused_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offset,
+    block_idx: torch.Tensor,
+    block_size: int,
+    sink_tokens: int,
+    window: int,
+    scale: float | None = None,
+    *,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention over sinks ∪ selected blocks ∪ local window (see `naive_sparse_attention`).
+
+    block_idx may also be [C, Hkv, K]: one selection per routing chunk of ceil(T/C) queries, so
+    a long prefill chunk with several routing chunks is one launch.
+
+    q [T, Hq, D] at absolute indices q_offset..q_offset+T-1 (already rotated); k, v [N, Hkv, D]
+    time-major (bf16/fp16/fp32, or float8_e4m3fn read as bf16); block_idx [Hkv, K] int of
+    selected block ids, -1 = unused. `q_offset` may be an int or a 1-element int device tensor
+    (then nothing here reads it on the host, for CUDA graphs). With `block_table` [NB] int,
+    k and v are a paged pool: logical block b lives in rows block_table[b]*block_size + (0..B-1).
+    `num_splits` > 1 splits each kv head's key tiles across programs (flash-decoding) and
+    merges the parts exactly; the default picks it from T. Returns out [T, Hq, D] in q's dtype
+    (or fills `out`) and lse [T, Hq] fp32 (natural log; -inf for a query with no visible key).
+    """
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"expected q [T,Hq,D], k=v [N,Hkv,D]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if k.shape[2] != d or hq % hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match k {tuple(k.shape)}")
+    if block_idx.dim() == 2:
+        block_idx = block_idx[None]
+    if block_idx.dim() != 3 or block_idx.shape[1] != hkv:
+        raise ValueError(f"block_idx must be [Hkv={hkv}, K] or [C, Hkv, K]; got {tuple(block_idx.shape)}")
+    if block_size & (block_size - 1) or block_size < 16:
+        raise ValueError("block_size must be a power of two >= 16")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("q, k, v must be contiguous in their last dimension")
+    if interpreting() and q.dtype != torch.float32:
+        # the interpreter's bf16 matrix products are unreliable; the CUDA tests cover bf16
+        o, l = fused_sparse_attention(
+            q.float(), k.float(), v.float(), q_offset, block_idx, block_size, sink_tokens, window, scale,
+            block_table=block_table, num_splits=num_splits)
+        out = o.to(q.dtype) if out is None else out.copy_(o)
+        return out, (l if lse is None else lse.copy_(l))
+    g = hq // hkv
+    scale = scale if scale is not None else 1.0 / math.sqrt(d)
+    block_idx = block_idx if block_idx.stride(-1) == 1 else block_idx.contiguous()
+    # [C, Hkv, K]: routing chunk c = queries c*ceil(T/C) .. (c+1)*ceil(T/C)-1 share block_idx[c]
+    if out is None:
+        out = torch.empty(t, hq, d, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(t, hq, dtype=torch.float32, device=q.device)
+    if t == 0:
+        return out, lse
+    rows = t * g
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else (64 if rows < 4096 else 128))
+    n_m = triton.cdiv(rows, block_m)
+    if num_splits is None:
+        num_splits = 1 if n_m * hkv >= 64 else max(1, min(16, 128 // (n_m * hkv)))
+    block_d = triton.next_power_of_2(d)
+    qoff_is_tensor = isinstance(q_offset, torch.Tensor)
+    n_c = block_idx.shape[0]
+    sel_chunk = max(1, triton.cdiv(t, n_c)) if n_c > 1 else 1 << 30
+    if n_c > 1 and (block_m % g or sel_chunk % (block_m // g)):
+        raise ValueError(f"routing chunks of {sel_chunk} queries do not tile by {block_m // g}-query programs")
+    qoff_t = q_offset if qoff_is_tensor else block_idx  # any pointer; unused
+    qoff_int = 0 if qoff_is_tensor else int(q_offset)
+    fp8 = k.dtype == torch.float8_e4m3fn
+    if fp8 and q.dtype != torch.bfloat16:
+        raise ValueError("fp8 KV needs bf16 queries")
+    if num_splits > 1:
+        po = torch.empty(n_m * hkv * num_splits * block_m, block_d, dtype=torch.float32, device=q.device)
+        plse = torch.empty(n_m * hkv * num_splits * block_m, dtype=torch.float32, device=q.device)
+    else:
+        po = plse = lse
+    table = block_table if block_table is not None else block_idx
+    _sparse_attn_kernel[(n_m, hkv, num_splits)](
+        q, k, v, block_idx, table, out, lse, po, plse, qoff_t,
+        t, g, block_idx.shape[2], qoff_int, sink_tokens, window, scale * LOG2E,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk,
+        NUM_SPLITS=num_splits, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor,
+        BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8,
+        num_warps=8 if block_m == 128 else 4, num_stages=2,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(n_m, hkv)](
+            po, plse, out, lse, t, g, out.stride(0), out.stride(1), lse.stride(0),
+            NUM_SPLITS=num_splits, D=d, BLOCK_D=block_d, BLOCK_M=block_m, num_warps=4,
+        )
+    return out, lse
+
+
+def fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset, scale: float | None = None, **kw
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense causal attention (see `naive_attention`): the sparse kernel with no sinks, no
+    routed blocks and a window wider than any context."""
+    idx = torch.full((k.shape[1], 1), -1, dtype=torch.long, device=q.device)  # no empty pointer
+    return fused_sparse_attention(q, k, v, q_offset, idx, 64, 0, 1 << 30, scale, **kw)

@@ -1,0 +1,250 @@
+"""Triton kernels against their PyTorch references, on awkward shapes.
+
+On CPU these run under TRITON_INTERPRET=1 (scripts/test.sh sets it) on tiny shapes; on a
+CUDA machine the same cases run on the GPU. Outputs are poisoned with NaN first so an
+unwritten element fails the check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from docqa.kernels.gpu import has_cuda, has_triton, interpreting
+
+pytestmark = pytest.mark.skipif(
+    not has_triton() or not (has_cuda() or interpreting()),
+    reason="needs triton and either CUDA or TRITON_INTERPRET=1",
+)
+
+DEVICE = "cuda" if has_cuda() and not interpreting() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16] + ([torch.float16] if DEVICE == "cuda" else [])
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert not torch.isnan(out).any(), "NaN in output (unwritten element?)"
+    o, r = out.double(), ref.double()
+    return ((o - r).norm() / r.norm().clamp_min(1e-30)).item()
+
+
+def poisoned(like: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(like, float("nan"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 60), (63, 60), (5, 3, 128), (7, 4096)])
+def test_rms_norm(shape, dtype):
+    from docqa.kernels.norm import fused_rms_norm, naive_rms_norm
+
+    g = torch.Generator().manual_seed(hash(shape) % 1000)
+    x = (torch.randn(shape, generator=g) * 3).to(DEVICE, dtype)
+    w = torch.randn(shape[-1], generator=g).to(DEVICE, dtype)
+    out = fused_rms_norm(x, w, 1e-5, out=poisoned(x))
+    assert rel_err(out, naive_rms_norm(x, w, 1e-5)) < TOL[dtype]
+
+
+def test_rms_norm_rejects_bad_weight():
+    from docqa.kernels.norm import fused_rms_norm
+
+    with pytest.raises(ValueError):
+        fused_rms_norm(torch.zeros(2, 8, device=DEVICE), torch.zeros(7, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h,d", [(1, 1, 2), (63, 3, 60), (17, 8, 128)])
+def test_rope(t, h, d, dtype):
+    from docqa.kernels.rope import fused_rope, naive_rope, rope_cos_sin
+
+    g = torch.Generator().manual_seed(t * 100 + d)
+    x = torch.randn(t, h, d, generator=g).to(DEVICE, dtype)
+    pos = torch.randint(0, 1 << 20, (t,), generator=g).to(DEVICE)
+    cos, sin = rope_cos_sin(pos, d)
+    ref = naive_rope(x, cos, sin)
+    assert rel_err(fused_rope(x, cos, sin, out=poisoned(x)), ref) < TOL[dtype]
+    # in place, on a strided view (q of a fused qkv projection)
+    qkv = torch.randn(t, h + 2, d, generator=g).to(DEVICE, dtype)
+    q = qkv[:, :h]
+    ref2 = naive_rope(q, cos, sin)
+    fused_rope(q, cos, sin, out=q)
+    assert rel_err(q, ref2) < TOL[dtype]
+
+
+def test_rope_matches_rotate_half_formula():
+    from docqa.kernels.rope import naive_rope, rope_cos_sin
+
+    x = torch.randn(5, 2, 8, dtype=torch.float64)
+    cos, sin = rope_cos_sin(torch.arange(5), 8)
+    c, s = torch.cat([cos, cos], -1)[:, None].double(), torch.cat([sin, sin], -1)[:, None].double()
+    rot = torch.cat([-x[..., 4:], x[..., :4]], -1)
+    assert torch.allclose(naive_rope(x, cos, sin), x * c + rot * s, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 60), (63, 60), (3, 5000)])
+def test_swiglu(shape, dtype):
+    from docqa.kernels.swiglu import fused_swiglu, naive_swiglu
+
+    g = torch.Generator().manual_seed(shape[-1])
+    gu = (torch.randn(shape[0], 2 * shape[1], generator=g) * 4).to(DEVICE, dtype)
+    gate, up = gu[:, : shape[1]], gu[:, shape[1]:]  # strided halves of one projection
+    out = fused_swiglu(gate, up, out=poisoned(gate.contiguous()))
+    assert rel_err(out, naive_swiglu(gate, up)) < TOL[dtype]
+
+
+# --- attention: mirrors kernels/attention/naive.py -------------------------------------------
+
+ATT_TOL = {torch.float32: 2e-3, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # tf32 dots on GPU
+
+
+def _qkv(t, hq, hkv, d, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(t, hq, d, generator=g).to(DEVICE, dtype)
+    k = torch.randn(n, hkv, d, generator=g).to(DEVICE, dtype)
+    v = torch.randn(n, hkv, d, generator=g).to(DEVICE, dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("method", ["minmax", "mean"])
+@pytest.mark.parametrize("t,hq,hkv,d,n,bs", [(1, 4, 2, 60, 200, 16), (7, 6, 3, 32, 130, 32)])
+def test_block_scores(method, t, hq, hkv, d, n, bs):
+    from docqa.kernels.attention.naive import naive_block_descriptors, naive_block_scores
+    from docqa.kernels.attention.triton_sparse import fused_block_scores
+
+    q, k, _ = _qkv(t, hq, hkv, d, n, torch.float32, seed=n + t)
+    kmin, kmax, kmean = naive_block_descriptors(k, bs)
+    ref = naive_block_scores(q, kmin, kmax, kmean, method)
+    out = fused_block_scores(q, kmin, kmax, kmean, method)
+    assert rel_err(out, ref) < 2e-3
+
+
+def test_topk_blocks_matches_reference_and_pads():
+    from docqa.kernels.attention.naive import naive_topk_blocks
+    from docqa.kernels.attention.triton_sparse import fused_topk_blocks
+
+    scores = torch.randn(3, 20, device=DEVICE)
+    ref = naive_topk_blocks(scores, 4, 1, 15)
+    got = fused_topk_blocks(scores, 4, 1, torch.tensor(15, device=DEVICE))
+    assert torch.equal(got, ref)
+    few = fused_topk_blocks(scores, 4, 2, 4)
+    assert torch.equal(few[:, :2], naive_topk_blocks(scores, 4, 2, 4)) and (few[:, 2:] == -1).all()
+
+
+SPARSE_CASES = [
+    # t, hq, hkv, d, n_keys, block, sinks, window, top_k
+    (1, 4, 2, 60, 200, 16, 3, 24, 3),  # decode: split-KV path, D=60
+    (9, 4, 1, 32, 150, 16, 4, 20, 2),  # a prefill chunk at the end of the keys
+    (63, 2, 2, 16, 63, 16, 0, 8, 1),  # chunk from position 0, no sinks
+]
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_attention(case, dtype):
+    from docqa.kernels.attention.naive import naive_sparse_attention
+    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+
+    t, hq, hkv, d, n, bs, sinks, window, top_k = case
+    q, k, v = _qkv(t, hq, hkv, d, n, dtype, seed=sum(case))
+    nb = -(-n // bs)
+    g = torch.Generator().manual_seed(7)
+    idx = torch.stack([torch.randperm(nb, generator=g)[:top_k] for _ in range(hkv)]).to(DEVICE)
+    idx[0, -1] = -1  # an unused slot
+    off = n - t
+    ref_o, ref_l = naive_sparse_attention(q, k, v, off, idx, bs, sinks, window)
+    out = torch.full((t, hq, d), float("nan"), dtype=dtype, device=DEVICE)
+    lse = torch.full((t, hq), float("nan"), device=DEVICE)
+    for off_arg in (off, torch.tensor([off], device=DEVICE, dtype=torch.int32)):
+        o, l = fused_sparse_attention(q, k, v, off_arg, idx, bs, sinks, window, out=out, lse=lse)
+        assert rel_err(o, ref_o) < ATT_TOL[dtype]
+        assert rel_err(l, ref_l) < 1e-3
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_sparse_attention_paged_pool_and_splits(splits):
+    """Keys stored in a shuffled page pool through a block table give the same result."""
+    from docqa.kernels.attention.naive import naive_sparse_attention
+    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+
+    t, hq, hkv, d, n, bs = 2, 4, 2, 32, 96, 16
+    q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=3)
+    nb = n // bs
+    perm = torch.randperm(nb + 2, generator=torch.Generator().manual_seed(1))[:nb].to(DEVICE)
+    kp = torch.randn((nb + 2) * bs, hkv, d, device=DEVICE)
+    vp = torch.randn((nb + 2) * bs, hkv, d, device=DEVICE)
+    rows = (perm[:, None] * bs + torch.arange(bs, device=DEVICE)).reshape(-1)
+    kp[rows], vp[rows] = k, v
+    idx = torch.tensor([[0, 2], [1, -1]], device=DEVICE)
+    ref_o, ref_l = naive_sparse_attention(q, k, v, n - t, idx, bs, 2, 20)
+    o, l = fused_sparse_attention(q, kp, vp, n - t, idx, bs, 2, 20, block_table=perm.int(), num_splits=splits)
+    assert rel_err(o, ref_o) < ATT_TOL[torch.float32] and rel_err(l, ref_l) < 1e-3
+
+
+def test_dense_equals_reference():
+    from docqa.kernels.attention.naive import naive_attention
+    from docqa.kernels.attention.triton_sparse import fused_attention
+
+    q, k, v = _qkv(5, 4, 2, 32, 40, torch.float32, seed=11)
+    ref_o, ref_l = naive_attention(q, k, v, 30)
+    o, l = fused_attention(q, k, v, 30)
+    assert rel_err(o, ref_o) < ATT_TOL[torch.float32] and rel_err(l, ref_l) < 1e-3
+
+
+def test_routing_chunks_in_one_launch():
+    """[C, Hkv, K] selections (one per routing chunk) equal C separate reference calls."""
+    from docqa.kernels.attention.naive import naive_block_descriptors, naive_sparse_attention
+    from docqa.kernels.attention.triton_sparse import fused_block_scores, fused_sparse_attention
+
+    t, hq, hkv, d, n, bs, chunk = 32, 8, 2, 32, 160, 16, 16
+    q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=5)
+    kmin, kmax, kmean = naive_block_descriptors(k, bs)
+    per_chunk = fused_block_scores(q, kmin, kmax, kmean, "minmax", chunk=chunk)
+    assert per_chunk.shape == (2, hkv, n // bs)
+    assert rel_err(per_chunk[1], fused_block_scores(q[chunk:], kmin, kmax, kmean)) < 1e-5
+    idx = torch.tensor([[[0, 3], [2, -1]], [[5, 1], [4, 6]]], device=DEVICE)
+    o, l = fused_sparse_attention(q, k, v, n - t, idx, bs, 2, 24)
+    for c in range(2):
+        sl = slice(c * chunk, (c + 1) * chunk)
+        ro, rl = naive_sparse_attention(q[sl], k, v, n - t + c * chunk, idx[c], bs, 2, 24)
+        assert rel_err(o[sl], ro) < ATT_TOL[torch.float32] and rel_err(l[sl], rl) < 1e-3
+
+
+def test_append_kv_keeps_descriptors_equal_to_reference():
+    from docqa.kernels.attention.naive import naive_block_descriptors
+    from docqa.kernels.attention.triton_kvstore import fused_append_kv
+
+    n, hkv, d, bs = 40, 2, 60, 16
+    k = torch.randn(n, hkv, d, device=DEVICE)
+    v = torch.randn(n, hkv, d, device=DEVICE)
+    kc, vc = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    kmin = torch.randn(3, hkv, d, device=DEVICE)  # stale contents must be forgotten
+    kmax = kmin.clone()
+    for p in range(n):
+        fused_append_kv(k[p:p + 1], v[p:p + 1], kc, vc, kmin, kmax, torch.tensor([p], device=DEVICE), bs)
+    rmin, rmax, _ = naive_block_descriptors(k, bs)
+    assert torch.equal(kc, k) and torch.equal(vc, v)
+    assert torch.equal(kmin, rmin) and torch.equal(kmax, rmax)
+
+
+def test_block_scores_candidate_mask():
+    from docqa.kernels.attention.naive import naive_block_descriptors, naive_block_scores
+    from docqa.kernels.attention.triton_sparse import fused_block_scores
+
+    q, k, _ = _qkv(1, 4, 2, 32, 128, torch.float32, seed=2)
+    kmin, kmax, kmean = naive_block_descriptors(k, 16)
+    ref = naive_block_scores(q, kmin, kmax, kmean)
+    got = fused_block_scores(q, kmin, kmax, kmean, candidates=(1, torch.tensor([5], device=DEVICE)))
+    assert torch.isinf(got[:, [0, 5, 6, 7]]).all()
+    assert rel_err(got[:, 1:5], ref[:, 1:5]) < 2e-3
+
+
+def test_rope_accepts_engine_cos_sin_layout():
+    from docqa.kernels.rope import fused_rope, naive_rope, rope_cos_sin
+
+    x = torch.randn(9, 3, 60, device=DEVICE)
+    cos, sin = rope_cos_sin(torch.arange(9, device=DEVICE) + 1000, 60)
+    hf_cos, hf_sin = torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
+    assert rel_err(fused_rope(x, hf_cos, hf_sin), naive_rope(x, cos, sin)) < 1e-5
