@@ -19,6 +19,7 @@ from sqlite_utils import Database
 
 from ..pipelines.document import Anchor, Document, Line, Page, Section, Segment
 from ..pipelines.passages import Passage, make_passages
+from ..pipelines.retrieval import TITLE_WEIGHT, passage_titles
 from ..pipelines.search import TOKENIZERS, build_match, index_text
 from .config import BUSY_TIMEOUT_S
 from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreError
@@ -181,20 +182,26 @@ class Store:
             )
             segment_ids.append((cur.lastrowid, s.text))
         passage_ids = []
-        for p in make_passages(doc):
+        passages = make_passages(doc)
+        for p, titles in zip(passages, passage_titles(doc, passages)):
             cur = db.execute(
                 "INSERT INTO passages (doc_id, idx, page, label, line_start, line_end, char_start,"
                 " char_end, section_id, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [did, p.index, p.page, p.label, p.line_start, p.line_end, p.char_start,
                  p.char_end, p.section_id, p.text],
             )
-            passage_ids.append((cur.lastrowid, p.text))
-        for unit, rows in (("pages", page_ids), ("segments", segment_ids), ("passages", passage_ids)):
+            passage_ids.append((cur.lastrowid, p.text, titles))
+        for unit, rows in (("pages", page_ids), ("segments", segment_ids)):
             for tok in TOKENIZERS:
                 db.conn.executemany(
                     f"INSERT INTO {fts_table(unit, tok)} (rowid, text) VALUES (?, ?)",
                     [(rowid, index_text(text, tok)) for rowid, text in rows],
                 )
+        for tok in TOKENIZERS:
+            db.conn.executemany(
+                f"INSERT INTO {fts_table('passages', tok)} (rowid, text, titles) VALUES (?, ?, ?)",
+                [(rowid, index_text(text, tok), index_text(titles, tok)) for rowid, text, titles in passage_ids],
+            )
 
     # -- reading -----------------------------------------------------------------------
 
@@ -381,8 +388,9 @@ class Store:
             cols = "u.idx, u.page, u.line_start, u.page, u.line_end"
         else:
             cols = "u.n, u.n, 1, u.n, json_array_length(u.lines)"
+        rank = f"bm25({fts}, 1.0, {TITLE_WEIGHT})" if unit == "passages" else f"bm25({fts})"
         sql = (
-            f"SELECT u.doc_id, {cols}, bm25({fts}) AS score, u.text"
+            f"SELECT u.doc_id, {cols}, {rank} AS score, u.text"
             f" FROM {fts} JOIN {unit} u ON u.id = {fts}.rowid"
             f" WHERE {fts} MATCH ?{where} ORDER BY score LIMIT ?"
         )

@@ -1,0 +1,388 @@
+"""Evidence retrieval: rank a document's passages for a question.
+
+`retrieve()` is a pure ranking function. Several signals each rank passages, and a
+weighted reciprocal-rank fusion combines them (ranks, not scores: bm25, title overlap and
+cosine similarity live on unrelated scales):
+
+- `bm25_focus`: FTS5 bm25 for the question's subject (its quoted phrase, else its content
+  words);
+- `bm25_terms`: bm25 for every content word plus the thesaurus expansions
+  (`pipelines.query`), so a clause written in drafting words ("may terminate ... upon
+  ninety days' notice") is found for a question asked in labels ("termination for
+  convenience");
+- `titles`: passages of sections whose title shares words with the subject — contracts
+  file most clauses under a telling heading ("16.9 Governing Law");
+- `clauses`: passages of a section the question names ("Section 8.3") come first;
+- `definitions`: the defining sentence of a defined term the question names;
+- `preamble`: a contract's opening passages, for questions about its title, parties, date;
+- `embedding`: cosine similarity of sentence embeddings, when an encoder is given.
+
+Full-text search is injected (`Fts`: expression, doc ids, limit -> (doc_id, passage index,
+bm25)), so the store's FTS5 table serves the product and `MemoryFts` serves tests and
+benchmarks. Both index a passage's text and, in a second column weighted `TITLE_WEIGHT`,
+its section titles (`passage_titles`). The encoder is injected too (`Encoder`); its passage vectors are computed once
+per document and cached by the caller (see `EmbeddingCache`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .document import Document, Section
+from .passages import Passage
+from .query import Query, analyze, content_words, stem
+from .search import index_text
+from .sections import section_key
+from .textnorm import normalize
+
+Fts = Callable[[str, list[str], int], list[tuple[str, int, float]]]
+
+# Reciprocal-rank fusion constant and signal weights. Chosen on the CUAD category
+# descriptions' behaviour (bench/retrieval_eval.py), never on the gold spans' words.
+RRF_K = 20
+WEIGHTS: dict[str, float] = {
+    "bm25_focus": 1.0,
+    "bm25_terms": 1.0,
+    "titles": 1.0,
+    "clauses": 4.0,
+    "definitions": 1.0,
+    "preamble": 3.0,
+    "embedding": 1.0,
+}
+FTS_LIMIT = 100
+
+
+class Encoder(Protocol):
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32, each row L2-normalised."""
+        ...
+
+
+def fts_quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def fts_expression(phrases: Sequence[str]) -> str | None:
+    """An FTS5 OR of phrases made of word characters only: user text never becomes FTS5
+    syntax (no operators, column filters or prefixes)."""
+    parts = []
+    for ph in phrases:
+        words = re.findall(r"[^\W_]+", normalize(ph))
+        if words:
+            parts.append(fts_quote(" ".join(words)))
+    parts = list(dict.fromkeys(parts))
+    return " OR ".join(parts) if parts else None
+
+
+TITLE_WEIGHT = 2.0  # bm25 column weight of a passage's section titles against its text
+
+
+def passage_titles(doc: Document, passages: Sequence[Passage]) -> list[str]:
+    """Per passage, the titles of its section and the sections above it: what an FTS
+    index stores beside the text, so a heading's words count for the clause under it."""
+    by_id = {s.id: s for s in doc.sections}
+    out = []
+    for p in passages:
+        titles, sid = [], p.section_id
+        while sid and sid in by_id:
+            s = by_id[sid]
+            # A "title" that is really the clause's first sentence cut short is not a heading.
+            if len(s.title.split()) <= 8:
+                titles.append(s.title)
+            sid = s.parent_id
+        out.append(" / ".join(titles))
+    return out
+
+
+class MemoryFts:
+    """An in-memory FTS5 index over passages (text, and section titles when `docs` are
+    given), with the same contract as the store's."""
+
+    def __init__(self, passages: Mapping[str, Sequence[Passage]], docs: Mapping[str, Document] | None = None,
+                 tokenize: str = "porter unicode61"):
+        self.con = sqlite3.connect(":memory:")
+        self.con.execute(
+            "CREATE VIRTUAL TABLE p USING fts5(text, titles, doc_id UNINDEXED, idx UNINDEXED, "
+            f"tokenize='{tokenize}')"
+        )
+        rows = []
+        for doc_id, ps in passages.items():
+            doc = docs.get(doc_id) if docs else None
+            titles = passage_titles(doc, ps) if doc is not None else [""] * len(ps)
+            rows += [(index_text(p.text, "unicode61"), index_text(t, "unicode61"), doc_id, p.index)
+                     for p, t in zip(ps, titles)]
+        self.con.executemany("INSERT INTO p(text, titles, doc_id, idx) VALUES (?, ?, ?, ?)", rows)
+
+    def __call__(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
+        marks = ",".join("?" * len(doc_ids))
+        rank = f"bm25(p, 1.0, {TITLE_WEIGHT})"
+        rows = self.con.execute(
+            f"SELECT doc_id, idx, {rank} FROM p WHERE p MATCH ? AND doc_id IN ({marks}) ORDER BY {rank} LIMIT ?",
+            (expression, *doc_ids, limit),
+        ).fetchall()
+        return [(d, int(i), float(s)) for d, i, s in rows]
+
+
+def passages_key(passages: Sequence[Passage]) -> str:
+    """Identity of a document's passage list, for caching its embeddings."""
+    h = hashlib.sha256()
+    for p in passages:
+        h.update(p.text.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+class EmbeddingCache:
+    """Passage vectors per document, computed once. `store` is any mapping from
+    `passages_key` to an (n, d) array: a dict in tests, the store's table in the product."""
+
+    def __init__(self, encoder: Encoder, store: MutableMapping[str, np.ndarray] | None = None):
+        self.encoder = encoder
+        self.store = {} if store is None else store
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encoder.encode(texts)
+
+    def passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
+        key = passages_key(passages)
+        vecs = self.store.get(key)
+        if vecs is None or len(vecs) != len(passages):
+            vecs = self.encoder.encode([p.text for p in passages])
+            self.store[key] = vecs
+        return vecs
+
+
+# --------------------------------------------------------------------------------------
+# Signals: each returns passage keys (doc_id, index), best first.
+
+Key = tuple[str, int]
+
+
+def _bm25(fts: Fts, phrases: Sequence[str], doc_ids: list[str]) -> list[Key]:
+    expr = fts_expression(phrases)
+    if not expr:
+        return []
+    return [(d, i) for d, i, _ in fts(expr, doc_ids, FTS_LIMIT)]
+
+
+def _ancestors(doc: Document) -> dict[str, list[str]]:
+    by_id = {s.id: s for s in doc.sections}
+    out = {}
+    for s in doc.sections:
+        chain, cur = [], s
+        while cur is not None:
+            chain.append(cur.id)
+            cur = by_id.get(cur.parent_id) if cur.parent_id else None
+        out[s.id] = chain
+    return out
+
+
+def _title_scores(q: Query, doc: Document) -> dict[str, float]:
+    """Per section: how well its title names the question's subject. Focus words weigh
+    most, expansions least; a title is scored by the share of its words that match, so
+    "Governing Law" beats "Compliance with Law" for "governing law"."""
+    weights: dict[str, float] = {}
+    for w in q.expansions:
+        for t in content_words(w):
+            weights.setdefault(stem(t), 0.5)
+    for t in q.terms:
+        weights[stem(t)] = max(weights.get(stem(t), 0), 1.0)
+    for ph in q.focus:
+        for t in content_words(ph):
+            weights[stem(t)] = 2.0
+    scores = {}
+    for s in doc.sections:
+        words = [stem(t) for t in content_words(s.title)]
+        # Titles that are really a clause's first sentence cut short say little.
+        if not words or len(words) > 8:
+            continue
+        hit = sum(weights.get(w, 0.0) for w in dict.fromkeys(words))
+        if hit:
+            scores[s.id] = hit / (len(set(words)) ** 0.5)
+    return scores
+
+
+def _titles(q: Query, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]],
+            within: Sequence[Key] = ()) -> list[Key]:
+    """Passages of well-titled sections; inside one section, in the order of `within`
+    (the bm25 ranking), then in reading order."""
+    rank = {key: r for r, key in enumerate(within)}
+    scored: list[tuple[float, int, int, Key]] = []
+    for doc_id, doc in docs.items():
+        sec = _title_scores(q, doc)
+        if not sec:
+            continue
+        anc = _ancestors(doc)
+        for p in passages.get(doc_id, ()):
+            if not p.section_id:
+                continue
+            chain = anc.get(p.section_id, [p.section_id])
+            # The nearest titled ancestor counts fully, farther ones less: a passage deep
+            # inside "5 TERMINATION" is about termination, but less surely than 5.2's own.
+            best = max((sec.get(sid, 0.0) * (0.8**depth) for depth, sid in enumerate(chain)), default=0.0)
+            if best > 0:
+                key = (doc_id, p.index)
+                scored.append((-round(best, 6), rank.get(key, len(rank)), p.index, key))
+    scored.sort()
+    return [k for *_, k in scored]
+
+
+def _section_matches(doc: Document, ref: str) -> list[Section]:
+    base = re.sub(r"\(.*$", "", ref).strip()
+    key = section_key(base)
+    if key is None:
+        return []
+    hits = [s for s in doc.sections if section_key(s.number) == key]
+    if not hits and key[0] in ("num",) and len(key[1]) > 1:
+        # "Section 8.3" in a document numbered "8.3.1 ..." only: its subsections.
+        hits = [s for s in doc.sections if (k := section_key(s.number)) and k[0] == "num" and k[1][: len(key[1])] == key[1]]
+    return hits
+
+
+def _clauses(q: Query, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]]) -> list[Key]:
+    out: list[Key] = []
+    for ref in q.clauses:
+        for doc_id, doc in docs.items():
+            ps = passages.get(doc_id, ())
+            for s in _section_matches(doc, ref):
+                for p in ps:
+                    if p.char_end > s.char_start and p.char_start < s.char_end:
+                        out.append((doc_id, p.index))
+    return list(dict.fromkeys(out))
+
+
+PREAMBLE_PASSAGES = 12
+
+
+def _preamble(q: Query, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]]) -> list[Key]:
+    """A contract's first passages, in order, for questions about what its opening
+    states (title, parties, date); interleaved across documents."""
+    if not q.preamble:
+        return []
+    heads = [[(d, p.index) for p in passages.get(d, ())[:PREAMBLE_PASSAGES]] for d in docs]
+    return [k for tier in zip(*heads) for k in tier] if len(heads) > 1 else (heads[0] if heads else [])
+
+
+def _passage_at(ps: Sequence[Passage], offset: int) -> Passage | None:
+    for p in ps:
+        if p.char_start <= offset < p.char_end + 1:
+            return p
+    return None
+
+
+def _definitions(q: Query, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]]) -> list[Key]:
+    wanted = {normalize(m) for m in q.mentions}
+    if not wanted:
+        return []
+    out: list[Key] = []
+    for doc_id, doc in docs.items():
+        ps = passages.get(doc_id, ())
+        for a in doc.anchors:
+            if a.type == "DEFINITION" and a.value in wanted:
+                p = _passage_at(ps, a.char_start)
+                if p is not None:
+                    out.append((doc_id, p.index))
+    return list(dict.fromkeys(out))
+
+
+def _embedding(question: str, encoder, docs, passages) -> tuple[list[Key], dict[Key, float]]:
+    qv = encoder.encode([question])[0]
+    sims: dict[Key, float] = {}
+    for doc_id in docs:
+        ps = passages.get(doc_id, ())
+        if not ps:
+            continue
+        vecs = encoder.passage_vectors(ps) if hasattr(encoder, "passage_vectors") else encoder.encode([p.text for p in ps])
+        for p, s in zip(ps, vecs @ qv):
+            sims[(doc_id, p.index)] = float(s)
+    order = sorted(sims, key=lambda k: -sims[k])[:FTS_LIMIT]
+    return order, sims
+
+
+def signals(
+    question: str,
+    docs: Mapping[str, Document],
+    passages: Mapping[str, Sequence[Passage]],
+    *,
+    fts: Fts | None = None,
+    encoder=None,
+    extra: bool = False,
+) -> dict[str, list[Key]]:
+    """Every signal's ranking, by name (for fusion, and for measuring each one). `extra`
+    adds what only the benchmark wants: `bm25_plain` (question words, no thesaurus) and
+    `_top_cosine` (a float, for a "not found" threshold)."""
+    q = analyze(question)
+    doc_ids = list(docs)
+    if fts is None:
+        fts = MemoryFts({d: passages.get(d, ()) for d in doc_ids}, docs)
+    terms = _bm25(fts, q.terms + q.expansions, doc_ids)
+    out = {
+        "bm25_focus": _bm25(fts, q.focus, doc_ids),
+        "bm25_terms": terms,
+        "titles": _titles(q, docs, passages, terms),
+        "clauses": _clauses(q, docs, passages),
+        "definitions": _definitions(q, docs, passages),
+        "preamble": _preamble(q, docs, passages),
+    }
+    if extra:
+        out["bm25_plain"] = _bm25(fts, q.terms, doc_ids)
+    if encoder is not None:
+        out["embedding"], sims = _embedding(q.text, encoder, docs, passages)
+        if extra:
+            out["_top_cosine"] = max(sims.values(), default=0.0)
+    return out
+
+
+def fuse(rankings: Mapping[str, list[Key]], weights: Mapping[str, float] = WEIGHTS, rrf_k: int = RRF_K) -> list[tuple[Key, float]]:
+    scores: dict[Key, float] = {}
+    for name, keys in rankings.items():
+        w = weights.get(name, 0.0)
+        if not w:
+            continue
+        for r, key in enumerate(keys):
+            scores[key] = scores.get(key, 0.0) + w / (rrf_k + r + 1)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def retrieve(
+    question: str,
+    docs: Mapping[str, Document],
+    passages: Mapping[str, list[Passage]],
+    *,
+    fts: Fts | None = None,
+    encoder=None,
+    k: int = 10,
+    weights: Mapping[str, float] = WEIGHTS,
+) -> list[Passage]:
+    """The `k` passages (over all `docs`) that best answer `question`, best first, each
+    with its fused score in `Passage.score`.
+
+    `fts(expression, doc_ids, limit)` runs an FTS5 MATCH over the passages (built in
+    memory when not given); `encoder` (optional) has `encode(texts)` and, to avoid
+    re-encoding a document on every question, `passage_vectors(passages)`."""
+    ranked = fuse(signals(question, docs, passages, fts=fts, encoder=encoder), weights)
+    by_key = {(d, p.index): p for d, ps in passages.items() for p in ps}
+    out = []
+    for key, score in ranked[:k]:
+        p = by_key.get(key)
+        if p is not None:
+            out.append(p.model_copy(update={"score": score}))
+    return out
+
+
+def top_pages(ranked: Sequence[Passage], k: int) -> list[tuple[str, int]]:
+    """The first `k` distinct (doc_id, page) among ranked passages: what citations show."""
+    pages: list[tuple[str, int]] = []
+    for p in ranked:
+        key = (p.doc_id, p.page)
+        if key not in pages:
+            pages.append(key)
+            if len(pages) == k:
+                break
+    return pages

@@ -1,0 +1,215 @@
+"""Evidence retrieval: question analysis, each signal on a small contract, and recall of
+CUAD gold pages on the three real contracts (bench/retrieval_eval.py, loaded from its file,
+so the test and the published figures cannot drift apart)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from docqa.pipelines.document import Anchor, RawLine, RawPage, Section, assemble
+from docqa.pipelines.passages import make_passages
+from docqa.pipelines.query import (
+    analyze,
+    clause_refs,
+    content_words,
+    expand,
+    strip_boilerplate,
+)
+from docqa.pipelines.retrieval import (
+    MemoryFts,
+    fts_expression,
+    passage_titles,
+    retrieve,
+    signals,
+    top_pages,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("retrieval_eval", ROOT / "bench" / "retrieval_eval.py")
+retrieval_eval = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(retrieval_eval)
+
+CUAD_Q = ('Highlight the parts (if any) of this contract related to "Rofr/Rofo/Rofn" that should be '
+          "reviewed by a lawyer. Details: Is there a clause granting one party a right of first refusal?")
+
+
+# --------------------------------------------------------------------------------------
+# Question analysis
+
+
+def test_boilerplate_and_question_words_are_dropped():
+    q = analyze(CUAD_Q)
+    assert "highlight" not in q.text.lower() and "lawyer" not in q.text.lower()
+    assert q.focus == ["Rofr/Rofo/Rofn", "rofr", "rofo", "rofn"]  # the phrase, then its words
+    for w in ("party", "clause", "one", "contract", "lawyer", "highlight"):
+        assert w not in q.terms
+    assert {"granting", "right", "first", "refusal"} <= set(q.terms)
+
+
+def test_thesaurus_expands_labels_to_drafting_words():
+    assert "right of first refusal" in expand("rofr")
+    assert "right of first offer" in analyze("Any ROFO?").expansions
+    assert "without cause" in analyze("Is there termination for convenience?").expansions
+    # Triggers are whole words: "reassignment" is not "assignment".
+    assert "prior written consent" not in expand("reassignments of staff")
+
+
+@pytest.mark.parametrize(
+    "text,refs",
+    [
+        ("What does Section 8.3 require?", ["Section 8.3"]),
+        ("see section 8.3(a) and Article VII", ["Section 8.3(a)", "Article VII"]),
+        ("Exhibit B pricing", ["Exhibit B"]),
+        ("Is there a clause that limits liability?", []),
+        ("Clause 12 of the contract", ["Section 12"]),
+    ],
+)
+def test_clause_references(text, refs):
+    assert clause_refs(text) == refs
+
+
+def test_content_words_split_hyphens_and_keep_numbers():
+    assert content_words("Non-Compete for 5 years") == ["non", "compete", "5", "years"]
+    assert strip_boilerplate("Details: x") == "x"
+
+
+def test_fts_expression_is_never_syntax():
+    expr = fts_expression(['NEAR(a b)', 'x" OR "y', "col:term*", "   "])
+    assert expr == '"near a b" OR "x or y" OR "col term"'
+    assert fts_expression(["?!", ""]) is None
+
+
+# --------------------------------------------------------------------------------------
+# Signals on a small hand-made contract
+
+PAGES = [
+    [
+        "MASTER SUPPLY AGREEMENT",
+        "This Master Supply Agreement is made between Acme Corp. and Widget LLC.",
+        "1. DEFINITIONS",
+        '"Change of Control" means a merger or a sale of all or substantially all assets.',
+        '"Products" means the widgets listed in Exhibit A.',
+    ],
+    [
+        "8. PAYMENT",
+        "8.1 Invoices. Supplier shall invoice monthly and the buyer shall pay the amounts due.",
+        "",
+        "8.3 Late Payment. Amounts not paid within thirty days bear interest at one percent.",
+        "per month until paid in full.",
+    ],
+    [
+        "12. GOVERNING LAW",
+        "This Agreement shall be construed under the laws of the State of Delaware.",
+        "",
+        "13. MISCELLANEOUS",
+        "Each party shall comply with every law, law and regulation, and law applicable to it.",
+    ],
+]
+
+
+def _section(doc, sid, number, title, first_line, last_line):
+    (p0, l0), (p1, l1) = first_line, last_line
+    start = doc.page(p0).lines[l0 - 1].start
+    end = doc.page(p1).lines[l1 - 1].end
+    return Section(id=sid, number=number, title=title, level=1, char_start=start, char_end=end,
+                   page_start=p0, line_start=l0, page_end=p1, line_end=l1)
+
+
+@pytest.fixture(scope="module")
+def contract():
+    doc = assemble([RawPage(lines=[RawLine(text=t) for t in page]) for page in PAGES],
+                   doc_id="msa", content_sha256="0" * 64, path="msa.pdf", type="pdf")
+    doc.sections = [
+        _section(doc, "s1", "1", "DEFINITIONS", (1, 3), (1, 5)),
+        _section(doc, "s2", "8", "PAYMENT", (2, 1), (2, 5)),
+        _section(doc, "s3", "8.3", "Late Payment", (2, 4), (2, 5)),
+        _section(doc, "s4", "12", "GOVERNING LAW", (3, 1), (3, 2)),
+        _section(doc, "s5", "13", "MISCELLANEOUS", (3, 4), (3, 5)),
+    ]
+    doc.sections[2] = doc.sections[2].model_copy(update={"parent_id": "s2", "level": 2})
+    line = doc.page(1).lines[3]
+    doc.anchors = [Anchor(type="DEFINITION", text="Change of Control", value="change of control",
+                          char_start=line.start, char_end=line.end, page=1, line=4, section_id="s1")]
+    ps = make_passages(doc)
+    # Each clause heading starts its own passage, so every signal has distinct candidates.
+    assert [(p.page, p.line_start) for p in ps] == [(1, 1), (1, 3), (2, 1), (2, 4), (3, 1), (3, 4)]
+    return {"msa": doc}, {"msa": ps}
+
+
+def test_clause_mention_puts_that_section_first(contract):
+    docs, ps = contract
+    top = retrieve("What does Section 8.3 say?", docs, ps, k=3)
+    assert top[0].page == 2 and "Late Payment" in top[0].text
+
+
+def test_defined_term_finds_its_definition(contract):
+    docs, ps = contract
+    sig = signals("Can we terminate on a Change of Control?", docs, ps)
+    first = ps["msa"][sig["definitions"][0][1]]
+    assert '"Change of Control" means' in first.text
+
+
+def test_section_titles_rank_their_sections(contract):
+    docs, ps = contract
+    # "law" is repeated under MISCELLANEOUS; only the title says which section governs.
+    titles = signals("Which governing law applies?", docs, ps)["titles"]
+    texts = [ps["msa"][i].text for _, i in titles]
+    assert "Delaware" in texts[0]
+    assert not any("comply with every law" in t for t in texts)
+    top = retrieve("Which governing law applies?", docs, ps, k=2)
+    assert "Delaware" in top[0].text
+
+
+def test_passage_titles_hold_the_section_chain(contract):
+    docs, ps = contract
+    titles = passage_titles(docs["msa"], ps["msa"])
+    assert titles[3] == "Late Payment / PAYMENT"
+    assert titles[0] == ""
+
+
+def test_scores_descend_and_pages_are_distinct(contract):
+    docs, ps = contract
+    top = retrieve("interest on late payment", docs, ps, k=5)
+    assert [p.score for p in top] == sorted((p.score for p in top), reverse=True)
+    assert top_pages(top, 3) == list(dict.fromkeys((p.doc_id, p.page) for p in top))[:3]
+
+
+def test_injected_fts_is_used(contract):
+    docs, ps = contract
+    calls = []
+    mem = MemoryFts(ps)
+
+    def fts(expr, doc_ids, limit):
+        calls.append((expr, tuple(doc_ids)))
+        return mem(expr, doc_ids, limit)
+
+    retrieve(CUAD_Q, docs, ps, fts=fts)
+    assert calls and all(d == ("msa",) for _, d in calls)
+    assert any('"right of first refusal"' in e for e, _ in calls)
+
+
+def test_question_with_nothing_searchable(contract):
+    docs, ps = contract
+    assert retrieve("?? !!", docs, ps) == []
+
+
+# --------------------------------------------------------------------------------------
+# CUAD gold: the regression test
+
+
+def test_cuad_recall_lexical():
+    """Lexical fusion alone (no encoder): the gold page among the top 5 cited pages."""
+    r = retrieval_eval.evaluate(encoder=None)
+    assert r["n"] == 67
+    assert r["recall"]["lexical fused"][5] >= retrieval_eval.EXPECTED["lexical fused"] - 0.03, r["misses"]
+
+
+@pytest.mark.slow
+def test_cuad_recall_with_embeddings():
+    """The product's default (lexical + MiniLM embeddings); slow: encodes ~1,100 passages."""
+    from docqa.engine.models.bert import load_minilm
+
+    r = retrieval_eval.evaluate(encoder=load_minilm())
+    assert r["recall"]["all fused"][5] >= retrieval_eval.EXPECTED["all fused"] - 0.03, r["misses"]
