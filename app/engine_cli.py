@@ -1,0 +1,151 @@
+"""`docqa engine ...`: raw generation, a self-check against HF transformers, and a benchmark.
+
+Each command calls one engine function; engine errors (CheckpointError) become one line on
+stderr and exit code 1."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Optional
+
+import typer
+
+engine_app = typer.Typer(help="The embedded LLM engine.\n\nExample: docqa engine generate \"Hello\" --chat",
+                         no_args_is_help=True, add_completion=False)
+
+ModelOpt = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: DOCQA_MODEL, else the bundled SmolLM2-135M).")
+
+
+@contextmanager
+def _user_errors():
+    from docqa.engine.config import CheckpointError
+
+    try:
+        yield
+    except (CheckpointError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _load(model):
+    from docqa.engine import Engine
+
+    return Engine.load(model)
+
+
+@engine_app.command()
+def generate(
+    prompt: str = typer.Argument(..., help="The prompt text."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the model's chat template."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
+    model: Optional[str] = ModelOpt,
+    temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy (deterministic)."),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling mass."),
+    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+):
+    """Generate text from PROMPT, streaming tokens to stdout (greedy by default).
+
+    Example: docqa engine generate "What is a force majeure clause?" --chat --max-tokens 64
+    """
+    with _user_errors():
+        engine = _load(model)
+        ids = engine.chat_prompt(prompt) if chat else engine.tokenizer.encode(prompt)
+
+        def stream(_id, delta):
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+
+        res = engine.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                              on_token=None if as_json else stream)
+    if as_json:
+        typer.echo(json.dumps({
+            "text": res.text, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
+            "stop_reason": res.stop_reason,
+            "timings": {"prefill_s": res.prefill_s, "decode_s": res.decode_s,
+                        "decode_tok_s": res.decode_tok_s}}))
+    else:
+        typer.echo("")
+
+
+CHECK_PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return",
+    "The parties agree that the governing law of this Agreement shall be",
+]
+
+
+@engine_app.command()
+def check(
+    model: Optional[str] = ModelOpt,
+    tokens: int = typer.Option(16, help="Greedy tokens to compare per prompt."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Compare our logits and greedy output with HF transformers on the same weights.
+
+    Example: docqa engine check --tokens 32
+    """
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        typer.echo("error: the check needs HF transformers as the reference: "
+                   "pip install 'docqa[reference]'", err=True)
+        raise typer.Exit(1) from None
+    with _user_errors():
+        engine = _load(model)
+        ckpt = engine.checkpoint
+        if ckpt.format == "gguf":
+            ref = transformers.AutoModelForCausalLM.from_pretrained(
+                str(ckpt.path.parent), gguf_file=ckpt.path.name, dtype=torch.float32)
+        else:
+            ref = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=torch.float32)
+        ref.eval()
+        rows = []
+        for text in CHECK_PROMPTS:
+            ids = engine.tokenizer.encode(text)
+            with torch.no_grad():
+                want = ref(torch.tensor([ids])).logits[0]
+            got = engine.model(torch.tensor(ids), engine.new_state())
+            ours = engine.generate(ids, tokens, stop_ids=()).token_ids
+            with torch.no_grad():
+                theirs = ref.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
+                                      do_sample=False)[0, len(ids):].tolist()
+            agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+            rows.append({"prompt": text, "max_abs_diff": (got - want).abs().max().item(),
+                         "greedy_agree": agree, "greedy_tokens": tokens})
+    ok = all(r["max_abs_diff"] < 1e-3 and r["greedy_agree"] == tokens for r in rows)
+    if as_json:
+        typer.echo(json.dumps({"ok": ok, "prompts": rows}))
+    else:
+        for r in rows:
+            typer.echo(f"max|Δlogits| {r['max_abs_diff']:.2e}  greedy agree {r['greedy_agree']}/{tokens}"
+                       f"  {r['prompt'][:40]!r}")
+        typer.echo("OK: matches HF transformers" if ok else "MISMATCH against HF transformers")
+    if not ok:
+        raise typer.Exit(1)
+
+
+@engine_app.command()
+def bench(
+    model: Optional[str] = ModelOpt,
+    decode_tokens: int = typer.Option(64, help="Tokens to decode for the decode rate."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Prefill tok/s at 512 and 2048 tokens, decode tok/s, peak RSS.
+
+    Example: docqa engine bench --json
+    """
+    from docqa.engine.generate import benchmark
+
+    with _user_errors():
+        res = benchmark(_load(model), (512, 2048), decode_tokens)
+    if as_json:
+        typer.echo(json.dumps(res))
+    else:
+        for n, rate in res["prefill"].items():
+            typer.echo(f"prefill {n:>5} tokens: {rate:8.1f} tok/s")
+        typer.echo(f"decode: {res['decode_tok_s']:.1f} tok/s")
+        typer.echo(f"peak RSS: {res['peak_rss_mib']:.0f} MiB")

@@ -1,0 +1,153 @@
+"""CPU benchmark on the default GGUF: our engine vs HF transformers (vs llama.cpp when a
+llama-cpp-python interpreter is given), same token ids, same thread count.
+
+Each engine runs in its own subprocess so peak RSS is its own. Example:
+
+    .venv/bin/python bench/cpu_engine.py --threads 1 --lengths 512 2048 8192 \
+        --llamacpp-python /tmp/llamacpp-venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+LLAMACPP_SCRIPT = r"""
+import json, resource, sys, time
+from llama_cpp import Llama
+path, threads, lengths, decode, ids = json.loads(sys.argv[1])
+llm = Llama(model_path=path, n_ctx=max(lengths) + decode + 8, n_threads=threads, n_threads_batch=threads,
+            n_batch=512, verbose=False)
+out = {"prefill": {}}
+for n in lengths:
+    llm.reset()
+    t = time.perf_counter(); llm.eval(ids[:n]); out["prefill"][n] = n / (time.perf_counter() - t)
+llm.reset(); llm.eval(ids[:min(lengths)])
+tok = ids[min(lengths)]
+t = time.perf_counter()
+for _ in range(decode):
+    llm.eval([tok])
+out["decode_tok_s"] = decode / (time.perf_counter() - t)
+out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def run_ours(path, threads, lengths, decode, ids):
+    import torch
+
+    from docqa.engine import Engine
+    from docqa.engine.generate import peak_rss_mib
+
+    t = time.perf_counter()
+    engine = Engine.load(path, threads=threads)
+    out = {"load_s": time.perf_counter() - t, "prefill": {}}
+    for n in lengths:
+        state = engine.new_state(capacity=n + 1)
+        t = time.perf_counter()
+        engine.model(torch.tensor(ids[:n]), state, last_only=True, chunk_size=engine.prefill_chunk)
+        out["prefill"][n] = n / (time.perf_counter() - t)
+    res = engine.generate(ids[:min(lengths)], decode + 1, stop_ids=())
+    out["decode_tok_s"] = res.decode_tok_s
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def run_hf(path, threads, lengths, decode, ids):
+    import torch
+    import transformers
+
+    from docqa.engine.generate import peak_rss_mib
+
+    torch.set_num_threads(threads)
+    t = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.float32).eval()
+    out = {"load_s": time.perf_counter() - t, "prefill": {}}
+    with torch.inference_mode():
+        for n in lengths:
+            t = time.perf_counter()
+            model(torch.tensor([ids[:n]]), use_cache=True, logits_to_keep=1)
+            out["prefill"][n] = n / (time.perf_counter() - t)
+        res = model(torch.tensor([ids[:min(lengths)]]), use_cache=True, logits_to_keep=1)
+        t = time.perf_counter()
+        for _ in range(decode):
+            tok = res.logits[:, -1].argmax(-1, keepdim=True)
+            res = model(tok, cache=res.past_key_values, use_cache=True)
+        out["decode_tok_s"] = decode / (time.perf_counter() - t)
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--engines", nargs="+", default=["ours", "hf", "llamacpp"])
+    ap.add_argument("--llamacpp-python", help="interpreter with llama-cpp-python installed")
+    ap.add_argument("--only", help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    from docqa.engine.default_model import default_model_path
+    from docqa.engine.generate import bench_prompt
+    from docqa.engine.tokenizer import Tokenizer
+    from docqa.engine.checkpoint import open_checkpoint
+
+    path = default_model_path()
+    ids = bench_prompt(Tokenizer.from_gguf_metadata(open_checkpoint(path).metadata),
+                       max(args.lengths) + args.decode_tokens + 1)
+    if args.only:
+        fn = {"ours": run_ours, "hf": run_hf}[args.only]
+        print(json.dumps(fn(path, args.threads, args.lengths, args.decode_tokens, ids)))
+        return
+
+    results = {}
+    for name in args.engines:
+        if name == "llamacpp":
+            if not args.llamacpp_python:
+                continue
+            cmd = [args.llamacpp_python, "-c", LLAMACPP_SCRIPT,
+                   json.dumps([str(path), args.threads, args.lengths, args.decode_tokens, ids])]
+        else:
+            cmd = [sys.executable, __file__, "--only", name, "--threads", str(args.threads),
+                   "--decode-tokens", str(args.decode_tokens), "--lengths", *map(str, args.lengths)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            results[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
+            continue
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"{name}: {results[name]}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(format_table(results, args.lengths))
+
+
+def format_table(results: dict, lengths) -> str:
+    ok = {k: v for k, v in results.items() if "error" not in v}
+    cols = [f"prefill {n} tok/s" for n in lengths] + ["decode tok/s", "peak RSS MiB"]
+
+    def row(r):
+        return [r["prefill"].get(str(n), r["prefill"].get(n)) for n in lengths] + \
+            [r["decode_tok_s"], r["peak_rss_mib"]]
+
+    lines = ["| engine | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, r in ok.items():
+        lines.append(f"| {name} | " + " | ".join(f"{v:.1f}" for v in row(r)) + " |")
+    if "ours" in ok:
+        for other in [k for k in ok if k != "ours"]:
+            ratios = [a / b if b else float("nan") for a, b in zip(row(ok["ours"]), row(ok[other]))]
+            lines.append(f"| ours / {other} | " + " | ".join(f"{v:.2f}x" for v in ratios) + " |")
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"\n{name} failed: {r['error']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Checkpoints: a GGUF file or a Hugging Face directory, turned into a ModelConfig, HF-named
+float tensors, and the metadata the tokenizer and chat template need."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import CheckpointError, ModelConfig
+from .gguf_loader import GGUFFile
+
+_GGUF_TO_HF = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_BLOCK_TO_HF = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation for llama-arch models.
+
+    llama.cpp's converter reorders each head's rows from HF's rotate_half layout (first half,
+    second half) to interleaved pairs (GGML's "normal" RoPE): reshape(heads, 2, D/2) ->
+    swap -> (heads, D/2, 2). Reading the rows as (heads, D/2, 2) and swapping back restores HF.
+    """
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    format: str  # "gguf" | "hf"
+    config: ModelConfig
+    metadata: dict[str, Any] = field(repr=False)  # GGUF key/values, or {} for HF dirs
+    _gguf: GGUFFile | None = field(default=None, repr=False)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """All weights as float32 (quantised ones dequantised), under Hugging Face names."""
+        if self.format == "gguf":
+            return _gguf_tensors(self._gguf, self.config)
+        return _hf_tensors(self.path)
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path).expanduser()
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.exists():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return open_checkpoint(ggufs[0])
+            raise CheckpointError(f"{path} has no config.json (nor a single .gguf file)")
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot read {cfg_file}: {e}") from None
+        return Checkpoint(path, "hf", ModelConfig.from_hf(cfg), {})
+    if not path.exists():
+        raise CheckpointError(f"model file {path} does not exist")
+    gf = GGUFFile(path)
+    meta = gf.metadata
+    arch = meta.get("general.architecture")
+    factors = None
+    if "rope_freqs.weight" in gf.tensors:
+        factors = tuple(float(x) for x in gf.tensors["rope_freqs.weight"].to_numpy())
+    config = ModelConfig.from_gguf(
+        meta,
+        has_output="output.weight" in gf.tensors,
+        has_qkv_bias="blk.0.attn_q.bias" in gf.tensors,
+        rope_freq_factors=factors,
+    )
+    if arch is None:
+        raise CheckpointError(f"{path} has no general.architecture")
+    return Checkpoint(path, "gguf", config, meta, gf)
+
+
+def _gguf_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+    # Only llama.cpp's LlamaModel converter permutes Q/K; Qwen2/3 files keep the HF layout.
+    permuted = config.arch in ("llama", "mistral")
+    out = {}
+    for name, t in gf.tensors.items():
+        if name == "rope_freqs.weight":
+            continue
+        m = _BLOCK_RE.fullmatch(name)
+        if m:
+            suffix = m.group(2)
+            if suffix not in _GGUF_BLOCK_TO_HF:
+                raise CheckpointError(f"unexpected tensor {name} in {gf.path}")
+            hf = f"model.layers.{m.group(1)}.{_GGUF_BLOCK_TO_HF[suffix]}"
+        elif name in _GGUF_TO_HF:
+            hf = _GGUF_TO_HF[name]
+        else:
+            raise CheckpointError(f"unexpected tensor {name} in {gf.path}")
+        arr = t.to_numpy()
+        if permuted and m and m.group(2).startswith(("attn_q.", "attn_k.")):
+            heads = config.n_heads if m.group(2).startswith("attn_q.") else config.n_kv_heads
+            arr = unpermute_rope_rows(arr, heads)
+        out[hf] = torch.from_numpy(np.array(arr, dtype=np.float32, copy=not arr.flags.writeable))
+    return out
+
+
+def _hf_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path} has no *.safetensors files")
+    out = {}
+    for f in files:
+        # safe_open memory-maps the file; tensors already in float32 are not copied again here.
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                t = sf.get_tensor(name)
+                out[name] = t if t.dtype == torch.float32 else t.float()
+    return out
+
+
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32):
+    """(model, checkpoint): the model's parameters are the checkpoint's tensors themselves."""
+    from .models.llama import LlamaModel
+
+    ckpt = open_checkpoint(path)
+    model = LlamaModel(ckpt.config)
+    model.load_weights(ckpt.tensors(), dtype=dtype)
+    model.eval()
+    return model, ckpt

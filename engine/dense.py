@@ -1,0 +1,85 @@
+"""The dense KV state: every layer keeps all past keys/values in one contiguous buffer.
+
+Used for short contexts and as the reference the sparse state is checked against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .rope import Rope
+
+
+class DenseKVState:
+    """KVState (see attention.py) over per-layer buffers k/v [Hkv, capacity, D].
+
+    Capacity grows by doubling, so a long prefill reallocates O(log n) times; pass `capacity`
+    when the final length is known to avoid that.
+    """
+
+    def __init__(self, config: ModelConfig, rope: Rope | None = None, *, capacity: int = 1024,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.config = config
+        self.rope = rope if rope is not None else Rope(config)
+        self.num_tokens = 0
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=self.device)
+        self.v = torch.empty(shape, dtype=dtype, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def _reserve(self, n: int) -> None:
+        if n <= self.capacity:
+            return
+        new_cap = max(n, 2 * self.capacity)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            grown = torch.empty(old.shape[:2] + (new_cap, old.shape[3]), dtype=old.dtype, device=old.device)
+            grown[:, :, : self.num_tokens] = old[:, :, : self.num_tokens]
+            setattr(self, name, grown)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        t = q.shape[0]
+        start = self.num_tokens
+        end = start + t
+        self._reserve(end)
+        q = self.rope.apply(q, positions)
+        k = self.rope.apply(k, positions)
+        self.k[layer, :, start:end] = k.transpose(0, 1).to(self.dtype)
+        self.v[layer, :, start:end] = v.transpose(0, 1).to(self.dtype)
+        keys = self.k[layer, :, :end]
+        values = self.v[layer, :, :end]
+        if q.dtype != self.dtype:
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
+        qh = q.transpose(0, 1)  # [Hq, T, D]
+        if t == 1:
+            # One query sees everything: fold the query heads of a group into the "time" axis so
+            # keys/values are read once per KV head instead of being repeated per query head.
+            g = self.config.q_per_kv
+            out = F.scaled_dot_product_attention(
+                qh.reshape(self.config.n_kv_heads, g, -1), keys, values)
+            return out.reshape(self.config.n_heads, 1, -1).transpose(0, 1)
+        if start == 0:
+            out = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=True)
+        else:
+            # Causal with an offset: query i (absolute start+i) sees keys 0..start+i.
+            rows = torch.arange(start, end, device=q.device)[:, None]
+            cols = torch.arange(end, device=q.device)[None, :]
+            out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=cols <= rows,
+                                                 enable_gqa=True)
+        return out.transpose(0, 1)
+
+    def commit(self, n: int) -> None:
+        self.num_tokens += n
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.num_tokens:
+            raise ValueError(f"cannot truncate a state of {self.num_tokens} tokens to {n}")
+        self.num_tokens = n

@@ -1,0 +1,191 @@
+"""`Engine`: a loaded model + tokenizer, and the prefill/decode loop."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .attention import KVState
+from .chat import render_chat
+from .checkpoint import Checkpoint, load_model
+from .dense import DenseKVState
+from .rope import Rope
+from .sampling import sample
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated tokens only
+    prompt_tokens: int
+    prefill_s: float
+    decode_s: float
+    stop_reason: str = "length"  # "stop" (a stop token) or "length" (max_new_tokens)
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first token comes out of prefill; decode time covers the rest.
+        n = max(len(self.token_ids) - 1, 0)
+        return n / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def default_threads() -> int:
+    """`DOCQA_THREADS`, else the cores visible to this process. On a machine whose cores are busy
+    with other work, 1 thread can be several times faster than 2 (OpenMP threads wait on each
+    other), hence the override."""
+    if os.environ.get("DOCQA_THREADS"):
+        return max(1, int(os.environ["DOCQA_THREADS"]))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
+    if ckpt.format == "gguf":
+        return Tokenizer.from_gguf_metadata(ckpt.metadata)
+    return Tokenizer.from_hf_dir(ckpt.path)
+
+
+@dataclass
+class Engine:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    checkpoint: Checkpoint
+    prefill_chunk: int = 1024
+    rope: Rope = field(init=False)
+
+    def __post_init__(self):
+        self.rope = Rope(self.config)
+
+    @property
+    def config(self):
+        return self.checkpoint.config
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, *, dtype: torch.dtype = torch.float32,
+             threads: int | None = None) -> "Engine":
+        """Load a GGUF file or HF directory; None means `DOCQA_MODEL`, else the default model."""
+        from .default_model import resolve_model_path
+
+        torch.set_num_threads(threads or default_threads())
+        model, ckpt = load_model(resolve_model_path(path), dtype=dtype)
+        return cls(model, _tokenizer_of(ckpt), ckpt)
+
+    @staticmethod
+    def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+        """Only the tokenizer (with its chat template) of a checkpoint; no weights are read."""
+        from .checkpoint import open_checkpoint
+        from .default_model import resolve_model_path
+
+        return _tokenizer_of(open_checkpoint(resolve_model_path(path)))
+
+    def new_state(self, capacity: int = 1024) -> DenseKVState:
+        dtype = self.model.embed_tokens.weight.dtype
+        return DenseKVState(self.config, self.rope, capacity=capacity, dtype=dtype)
+
+    def chat_prompt(self, user: str, system: str | None = None) -> list[int]:
+        messages = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": "user", "content": user}]
+        text = render_chat(self.tokenizer.chat_template, messages,
+                           bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
+                           eos_token=self.tokenizer.token_text(self.tokenizer.eos_id))
+        # The template writes BOS itself when the model wants one.
+        return self.tokenizer.encode(text, add_bos=False)
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
+                 state: KVState | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None, stop_ids: Sequence[int] | None = None,
+                 on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+        """Continue `state` (a fresh dense one if None) with `prompt`, then decode.
+
+        prompt: text (encoded with the model's BOS rule) or token ids. `state` may already hold a
+        prefix (prefix caching): the prompt is appended after it. on_token(id, text_delta) is
+        called for each generated token; text_delta may be "" while a multi-byte character is
+        still incomplete. Generation stops at a stop token (not included in the result) or after
+        max_new_tokens.
+        """
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if state is None:
+            state = self.new_state(capacity=len(ids) + max_new_tokens)
+        stops = set(self.tokenizer.stop_ids if stop_ids is None else stop_ids)
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator().manual_seed(seed if seed is not None else
+                                                       torch.seed() & 0xFFFFFFFF)
+
+        t0 = time.perf_counter()
+        logits = self.model(torch.tensor(ids, dtype=torch.long), state, last_only=True,
+                            chunk_size=self.prefill_chunk)[-1]
+        token = int(sample(logits, temperature=temperature, top_p=top_p, generator=generator))
+        t1 = time.perf_counter()
+
+        out: list[int] = []
+        text = ""
+        reason = "length"
+        while True:
+            if token in stops:
+                reason = "stop"
+                break
+            out.append(token)
+            if on_token is not None:
+                full = self.tokenizer.decode(out)
+                # A trailing U+FFFD means the last token ended mid-character: wait for the rest.
+                if full.endswith("\ufffd"):
+                    on_token(token, "")
+                else:
+                    on_token(token, full[len(text):])
+                    text = full
+            if len(out) >= max_new_tokens:
+                break
+            logits = self.model(torch.tensor([token], dtype=torch.long), state, last_only=True)[-1]
+            token = int(sample(logits, temperature=temperature, top_p=top_p, generator=generator))
+        t2 = time.perf_counter()
+        return GenerationResult(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, reason)
+
+
+BENCH_TEXT = (
+    "The Supplier shall deliver the Goods to the Customer at the Delivery Address on the Delivery "
+    "Date. Risk in the Goods passes on delivery; title passes when the Customer has paid in full. "
+    "Either party may terminate this Agreement on 30 days' written notice if the other commits a "
+    "material breach which, if remediable, it fails to remedy within 14 days of being asked to. "
+)
+
+
+def bench_prompt(tokenizer: Tokenizer, n_tokens: int) -> list[int]:
+    """Exactly n_tokens of contract-like text (repeated), for repeatable benchmarks."""
+    one = tokenizer.encode(BENCH_TEXT, add_bos=False)
+    ids = (one * (n_tokens // len(one) + 1))[:n_tokens]
+    if tokenizer.bos_id is not None and tokenizer.add_bos:
+        ids[0] = tokenizer.bos_id
+    return ids
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def benchmark(engine: Engine, prefill_lengths=(512, 2048), decode_tokens: int = 64) -> dict:
+    """Prefill tok/s per prompt length, and decode tok/s after the shortest prompt."""
+    out = {"prefill": {}, "decode_tok_s": None}
+    for n in prefill_lengths:
+        ids = torch.tensor(bench_prompt(engine.tokenizer, n))
+        state = engine.new_state(capacity=n + 1)
+        t0 = time.perf_counter()
+        engine.model(ids, state, last_only=True, chunk_size=engine.prefill_chunk)
+        out["prefill"][n] = n / (time.perf_counter() - t0)
+    ids = bench_prompt(engine.tokenizer, min(prefill_lengths))
+    res = engine.generate(ids, decode_tokens, stop_ids=())
+    out["decode_tok_s"] = res.decode_tok_s
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out

@@ -1,0 +1,67 @@
+"""Rotary position embedding, Hugging Face "rotate_half" layout.
+
+Contract used by every KV state: `Rope(config).apply(x, positions)` with x [T, H, D] (any H),
+positions LongTensor[T] (arbitrary, not necessarily contiguous, so a sparse state may remap
+distant blocks) returns x rotated, same shape and dtype. Frequencies follow HF transformers'
+`default`, `linear` and `llama3` rope types (and llama.cpp's per-frequency factors).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import CheckpointError, ModelConfig
+
+
+def inv_frequencies(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if config.rope_freq_factors is not None:
+        return inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float32)
+    scaling = config.rope_scaling
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type")
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise CheckpointError(f"unsupported rope scaling type {kind!r} (supported: linear, llama3)")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Rope:
+    def __init__(self, config: ModelConfig):
+        self.head_dim = config.head_dim
+        self.inv_freq = inv_frequencies(config)
+        # Every layer of one forward passes the same positions tensor: compute cos/sin once.
+        self._cached_positions: torch.Tensor | None = None
+        self._cached: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
+        """cos, sin of shape [T, 1, D] for broadcasting over heads."""
+        if positions is not self._cached_positions or self._cached[0].dtype != dtype:
+            freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+            self._cached = (emb.cos().to(dtype), emb.sin().to(dtype))
+            self._cached_positions = positions
+        return self._cached
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D] rotated by `positions` [T]."""
+        cos, sin = self.cos_sin(positions, x.dtype)
+        return x * cos + rotate_half(x) * sin
