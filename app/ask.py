@@ -12,8 +12,10 @@ from dataclasses import asdict, dataclass
 
 from ..pipelines.document import Document
 from ..pipelines.passages import Passage
-from ..pipelines.qa import Answer, Generate, answer_question
+from ..pipelines.context import READ_ALL_PROMPT, document_for_model
+from ..pipelines.qa import Answer, Generate, answer_question, check_answer, evidence_citations
 from ..pipelines.retrieval import retrieve
+from .errors import DocqaError
 from .runs import Run, save_run
 from .store import Store
 
@@ -24,9 +26,12 @@ class AskSettings:
     evidence_only: bool = False
     passages: int = 8  # ranked passages offered to the context builder
     evidence: int = 5  # passages shown as evidence
-    budget_tokens: int = 3000  # context budget (the default model was trained on 8K)
+    # Context budget: prefill dominates an answer's time on a CPU (~100-300 tokens/s with the
+    # default model), so a few clauses' worth; raise it for a GPU or a longer-context model.
+    budget_tokens: int = 1600
     max_tokens: int = 200
     temperature: float = 0.0
+    read_all: bool = False  # the engine reads the whole document (sparse attention + prefix cache)
 
 
 class Library:
@@ -79,6 +84,54 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
     return generate
 
 
+_PREFIX_CACHES: dict[int, object] = {}
+_SLOT = "\u0000QUESTION\u0000"
+
+
+def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
+                    on_token: Callable[[str], None] | None) -> tuple[str, dict]:
+    """Generate over the whole document with the sparse engine, reusing the document's
+    cached KV: the prompt is split where the question goes, the part before it (system
+    prompt + document) is the per-document prefix, and only the rest is prefilled when the
+    document was read before — by this process or, through the disk tier, by another."""
+    import torch
+
+    from ..engine.prefix_cache import PrefixCache
+
+    cache = _PREFIX_CACHES.get(id(engine))
+    if cache is None:
+        cache = _PREFIX_CACHES[id(engine)] = PrefixCache.for_engine(engine)
+    from ..engine.chat import render_chat
+
+    tok = engine.tokenizer
+    text = render_chat(tok.chat_template, [
+        {"role": "system", "content": READ_ALL_PROMPT},
+        {"role": "user", "content": document_for_model(doc) + "\n\nQuestion: " + _SLOT},
+    ], bos_token=tok.token_text(tok.bos_id), eos_token=tok.token_text(tok.eos_id))
+    head, tail = text.split(_SLOT)
+    prefix_ids = engine.tokenizer.encode(head, add_bos=False)
+    rest_ids = engine.tokenizer.encode(question + tail, add_bos=False)
+    t0 = time.perf_counter()
+    state, cached = cache.get_state(doc.content_sha256, prefix_ids)
+    if cached < len(prefix_ids):
+        with torch.inference_mode():
+            engine.model(torch.tensor(prefix_ids[cached:], dtype=torch.long), state, last_only=True,
+                         chunk_size=engine.prefill_chunk)
+        cache.save(doc.content_sha256, prefix_ids, state)
+    t1 = time.perf_counter()
+    result = engine.generate(
+        rest_ids, max_new_tokens=settings.max_tokens, state=state, temperature=settings.temperature,
+        on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
+    )
+    timings = {
+        "prefix_tokens": float(len(prefix_ids)), "cached_tokens": float(cached),
+        "prefilled_tokens": float(len(prefix_ids) - cached + len(rest_ids)),
+        "document_prefill_s": t1 - t0, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
+        "generated_tokens": float(len(result.token_ids)),
+    }
+    return result.text, timings
+
+
 def ask(
     store: Store,
     refs: list[str],
@@ -107,13 +160,22 @@ def ask(
         count_tokens = lambda text: len(engine.tokenizer.encode(text, add_bos=False))  # noqa: E731
     t2 = time.perf_counter()
     kwargs = {"count_tokens": count_tokens} if count_tokens else {}
-    answer: Answer = answer_question(
-        question, docs, ranked, generate,
-        budget_tokens=settings.budget_tokens, evidence_k=settings.evidence, **kwargs,
-    )
+    if settings.read_all and generate is not None:
+        if len(docs) != 1:
+            raise DocqaError("--read-all reads one document; ask about several without it")
+        (doc,) = docs.values()
+        raw, engine_timings = read_all_answer(engine, doc, question, settings, on_token)
+        evidence = evidence_citations(docs, ranked, settings.evidence)
+        answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence)
+        answer.timings.update(engine_timings)
+    else:
+        answer = answer_question(
+            question, docs, ranked, generate,
+            budget_tokens=settings.budget_tokens, evidence_k=settings.evidence, **kwargs,
+        )
     timings = dict(answer.timings, retrieve_s=t1 - t0, load_model_s=t2 - t1)
     result = getattr(generate, "result", None)
-    if result is not None:
+    if result is not None and not settings.read_all:
         timings.update(prefill_s=result.prefill_s, decode_s=result.decode_s,
                        prompt_tokens=float(result.prompt_tokens), generated_tokens=float(len(result.token_ids)))
     timings["total_s"] = time.perf_counter() - t0

@@ -234,8 +234,12 @@ def ask(
     evidence_only: Annotated[
         bool, typer.Option("--evidence-only", help="No model: the ranked, cited passages only.")
     ] = False,
+    read_all: Annotated[
+        bool, typer.Option("--read-all", help="The engine reads the whole document (sparse attention; "
+                           "its KV is cached, so later questions prefill only the question).")
+    ] = False,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
-    budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = 3000,
+    budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = 1600,
     db: db_option = None,
     as_json: json_option = False,
 ) -> None:
@@ -255,7 +259,7 @@ def ask(
     if not question.strip():
         raise typer.BadParameter("the question is empty")
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
-                           budget_tokens=budget)
+                           budget_tokens=budget, read_all=read_all)
     stream = err.is_terminal and not as_json
 
     def on_token(delta: str) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 
+from ..engine.config import CheckpointError
 from ..pipelines.errors import IngestError
 from ..pipelines.ingest import EXTENSIONS, build, load
 from . import config
@@ -57,7 +58,7 @@ def cli_errors(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (DocqaError, IngestError) as e:
+        except (DocqaError, IngestError, CheckpointError) as e:
             error_line(str(e))
             raise typer.Exit(EXIT_ERROR) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):

@@ -93,6 +93,17 @@ def answer_question(
     t1 = time.perf_counter()
     raw = generate(chat_messages(question, ctx))
     t2 = time.perf_counter()
+    answer = check_answer(question, raw, docs, ctx.passages, evidence)
+    answer.context_tokens = ctx.tokens
+    answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1)
+    return answer
+
+
+def check_answer(
+    question: str, raw: str, docs: Mapping[str, Document], read: list[Passage], evidence: list[Citation]
+) -> Answer:
+    """Verify a model's answer: rewrite verified citations to their labels, mark the rest,
+    add mechanical citations for sentences copied from the passages the model `read`."""
     default_doc = next(iter(docs)) if len(docs) == 1 else None
     shown, citations = [], []
     pos = 0
@@ -110,11 +121,9 @@ def answer_question(
     shown.append(raw[pos:])
     text = "".join(shown).strip()
     if not any(c.verified for c in citations):
-        citations += _mechanical_citations(raw, docs, ctx.passages)
+        citations += _mechanical_citations(raw, docs, read)
     verified = [c for c in citations if c.verified]
-    timings = {"context_s": t1 - t0, "generate_s": t2 - t1}
-    common = dict(question=question, raw_answer=raw, citations=citations, evidence=evidence,
-                  context_tokens=ctx.tokens, timings=timings)
+    common = dict(question=question, raw_answer=raw, citations=citations, evidence=evidence)
     if verified:
         return Answer(status="answered", answer=text, **common)
     if NOT_FOUND in normalize(raw):
