@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from docqa.app import cli, clikit
 from docqa.app.cli import app
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+CORPUS = (Path(__file__).resolve().parents[2] / "shared" / "corpus").resolve()
 CONTRACT = CORPUS / "pdf" / "contract_IBM_MSL_Outsourcing_Agreement.pdf"
 HTML = CORPUS / "html" / "rfc7617_Basic_HTTP_Auth_small.html"
 CIVIL_CODE = CORPUS / "zh" / "zh_PRC_Civil_Code_2020.pdf"
