@@ -7,50 +7,26 @@ unchanged), parsed once per module.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from pypdf import PdfReader, PdfWriter
 
 from docqa.pipelines.anchors import (definition_term_span, normalize_date, normalize_duration,
                                      normalize_money, tag_anchors, words_to_int)
 from docqa.pipelines.document import Document, RawLine, RawPage, assemble
-from docqa.pipelines.pdf import parse_pdf
 from docqa.pipelines.sections import detect_sections, section_key
 
-CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "corpus"
-ARRAY = CORPUS / (
-    "pdf/contract_ArrayBioPharma_Ono_License_Development_Commercialization_Agreement.pdf")
-GOOSEHEAD = CORPUS / "pdf/contract_GooseheadInsurance_Franchise_Agreement.pdf"
-IBM = CORPUS / "pdf/contract_IBM_MSL_Outsourcing_Agreement.pdf"
-PAPER = CORPUS / "pdf/paper_arXiv_2307.03172_Lost_in_the_Middle.pdf"
-CIVIL_CODE = CORPUS / "zh/zh_PRC_Civil_Code_2020.pdf"
-GOLD = CORPUS / "qa/cuad_gold_subset_3contracts.jsonl"
-
-
-def first_pages_doc(path: Path, n: int, tmp: Path) -> Document:
-    writer = PdfWriter()
-    for page in PdfReader(path).pages[:n]:
-        writer.add_page(page)
-    cut = tmp / f"{path.stem}_1-{n}.pdf"
-    with open(cut, "wb") as f:
-        writer.write(f)
-    raw, meta = parse_pdf(cut)
-    doc = assemble(raw, doc_id="t", content_sha256="t", path=str(cut), type="pdf", metadata=meta)
-    doc.sections = detect_sections(doc)
-    doc.anchors = tag_anchors(doc)
-    return doc
+from corpus import ARRAY, CIVIL_CODE, GOLD, GOOSEHEAD, IBM, PAPER, first_pages_doc
 
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory) -> dict[str, Document]:
     tmp = tmp_path_factory.mktemp("cut")
     return {
-        "array": first_pages_doc(ARRAY, 22, tmp),
-        "goosehead": first_pages_doc(GOOSEHEAD, 6, tmp),
-        "ibm": first_pages_doc(IBM, 5, tmp),
-        "paper": first_pages_doc(PAPER, 2, tmp),
-        "civil": first_pages_doc(CIVIL_CODE, 65, tmp),
+        "array": first_pages_doc(ARRAY, 22, tmp, anchors=True),
+        "goosehead": first_pages_doc(GOOSEHEAD, 6, tmp, anchors=True),
+        "ibm": first_pages_doc(IBM, 5, tmp, anchors=True),
+        "paper": first_pages_doc(PAPER, 2, tmp, anchors=True),
+        "civil": first_pages_doc(CIVIL_CODE, 65, tmp, anchors=True),
     }
 
 

@@ -6,33 +6,13 @@ pypdf, so physical page numbers are unchanged) parsed once per module with `pars
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from pypdf import PdfReader, PdfWriter
 
 from docqa.pipelines.document import Document, RawLine, RawPage, RawSection, assemble
-from docqa.pipelines.pdf import parse_pdf
 from docqa.pipelines.sections import chinese_to_int, detect_sections, roman_to_int, section_key
 
-CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "corpus"
-ARRAY = CORPUS / (
-    "pdf/contract_ArrayBioPharma_Ono_License_Development_Commercialization_Agreement.pdf")
-GOOSEHEAD = CORPUS / "pdf/contract_GooseheadInsurance_Franchise_Agreement.pdf"
-IBM = CORPUS / "pdf/contract_IBM_MSL_Outsourcing_Agreement.pdf"
-RISCV = CORPUS / "pdf/spec_RISCV_Privileged_Architecture_20211203.pdf"
-CIVIL_CODE = CORPUS / "zh/zh_PRC_Civil_Code_2020.pdf"
-
-
-def first_pages_doc(path: Path, n: int, tmp: Path) -> Document:
-    writer = PdfWriter()
-    for page in PdfReader(path).pages[:n]:
-        writer.add_page(page)
-    cut = tmp / f"{path.stem}_1-{n}.pdf"
-    with open(cut, "wb") as f:
-        writer.write(f)
-    raw, meta = parse_pdf(cut)
-    return assemble(raw, doc_id="t", content_sha256="t", path=str(cut), type="pdf", metadata=meta)
+from corpus import ARRAY, CIVIL_CODE, GOOSEHEAD, IBM, RISCV, first_pages_doc
 
 
 @pytest.fixture(scope="module")

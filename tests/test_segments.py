@@ -3,42 +3,21 @@ real tokenizer), and lines/table rows never split."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from pypdf import PdfReader, PdfWriter
 
 from docqa.pipelines.document import Document, RawLine, RawPage, assemble
-from docqa.pipelines.pdf import parse_pdf
-from docqa.pipelines.sections import detect_sections
 from docqa.pipelines.segments import approx_tokens, make_segments
 
-CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "corpus"
-ARRAY = CORPUS / (
-    "pdf/contract_ArrayBioPharma_Ono_License_Development_Commercialization_Agreement.pdf")
-RISCV = CORPUS / "pdf/spec_RISCV_Privileged_Architecture_20211203.pdf"
-CIVIL_CODE = CORPUS / "zh/zh_PRC_Civil_Code_2020.pdf"
-
-
-def first_pages_doc(path: Path, n: int, tmp: Path) -> Document:
-    writer = PdfWriter()
-    for page in PdfReader(path).pages[:n]:
-        writer.add_page(page)
-    cut = tmp / f"{path.stem}_1-{n}.pdf"
-    with open(cut, "wb") as f:
-        writer.write(f)
-    raw, meta = parse_pdf(cut)
-    doc = assemble(raw, doc_id="t", content_sha256="t", path=str(cut), type="pdf", metadata=meta)
-    doc.sections = detect_sections(doc)
-    return doc
+from corpus import ARRAY, CIVIL_CODE, RISCV, first_pages_doc
 
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory) -> dict[str, Document]:
     tmp = tmp_path_factory.mktemp("cut")
-    return {"array": first_pages_doc(ARRAY, 25, tmp),
-            "riscv": first_pages_doc(RISCV, 40, tmp),
-            "civil": first_pages_doc(CIVIL_CODE, 25, tmp)}
+    return {"array": first_pages_doc(ARRAY, 25, tmp, sections=True),
+            "riscv": first_pages_doc(RISCV, 40, tmp, sections=True),
+            "civil": first_pages_doc(CIVIL_CODE, 25, tmp, sections=True)}
 
 
 @pytest.fixture(scope="module")
