@@ -238,6 +238,11 @@ def ask(
         bool, typer.Option("--read-all", help="The engine reads the whole document (sparse attention; "
                            "its KV is cached, so later questions prefill only the question).")
     ] = False,
+    map_reduce: Annotated[
+        bool, typer.Option("--map-reduce", help="Read every segment of the documents (map), then merge the "
+                           "verified extractions (reduce): for questions over more text than one context; "
+                           "resumes where an interrupted run stopped.")
+    ] = False,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
     budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = 1600,
     db: db_option = None,
@@ -266,16 +271,33 @@ def ask(
         err.file.write(delta)
         err.file.flush()
 
+    if map_reduce and (evidence_only or read_all):
+        raise typer.BadParameter("--map-reduce needs a model and reads segments itself")
     with open_store(db) as store:
-        if stream and not evidence_only:
-            err.print("draft (unverified): ", end="")
-        run = run_ask(store, refs, question, settings, on_token=on_token if stream else None)
-    if stream and not evidence_only:
+        if map_reduce:
+            run = _map_reduce(store, refs, question, settings)
+        else:
+            if stream and not evidence_only:
+                err.print("draft (unverified): ", end="")
+            run = run_ask(store, refs, question, settings, on_token=on_token if stream else None)
+    if stream and not evidence_only and not map_reduce:
         err.print()
     if as_json:
         print_json(run_json(run))
     else:
         print_run(run)
+
+
+def _map_reduce(store, refs, question, settings):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .mapreduce import map_reduce
+
+    with Progress(TextColumn("reading segments"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("map", total=None)
+        return map_reduce(store, refs, question, settings,
+                          on_progress=lambda done, total: progress.update(task, completed=done, total=total))
 
 
 def run_json(run) -> dict:

@@ -245,7 +245,23 @@ def m004_jobs(db: Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs]
+def m005_map_results(db: Database) -> None:
+    """What the map step extracted from each segment, so an interrupted map-reduce resumes."""
+    _run(
+        db,
+        [
+            """CREATE TABLE map_results (
+                run_key TEXT NOT NULL,
+                doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+                segment INTEGER NOT NULL,
+                extraction TEXT NOT NULL,
+                PRIMARY KEY (run_key, doc_id, segment)
+            )""",
+        ],
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs, m005_map_results]
 
 
 def applied(db: Database) -> set[str]:

@@ -190,6 +190,10 @@ def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | Non
             last = lines[min(len(lines), span.line_end) - 1]
             hit = find_quote(doc, span.quote, first.start, last.end)
             if hit:
+                # Narrowed to the lines the quote actually covers: still inside what was cited.
+                a, b = doc.locate(hit[0]), doc.locate(max(hit[0], hit[1] - 1))
+                if a.page == b.page == page_n:
+                    base.update(line_start=a.line, line_end=b.line)
                 return Citation(**base, verified=True, char_start=hit[0], char_end=hit[1])
     hit = find_in_document(doc, span.quote)
     if hit is None:

@@ -105,3 +105,8 @@ def test_quote_across_a_page_break_relocates_to_its_start():
     doc = _doc([["alpha beta gamma delta epsilon"], ["zeta eta theta iota kappa"]])
     hit = verify(parse_citations('"delta epsilon zeta eta" [PAGE:1, LINE:1]')[0], {doc.doc_id: doc}, doc.doc_id)
     assert hit.verified and hit.relocated and hit.page == 1
+
+
+def test_a_broad_citation_is_narrowed_to_the_quoted_lines():
+    (c,) = verify_answer('"return all Confidential Information" [PAGE:2, LINE:1-5]', {CONTRACT.doc_id: CONTRACT}, CONTRACT.doc_id)
+    assert c.verified and not c.relocated and (c.page, c.line_start, c.line_end) == (2, 5, 5)
