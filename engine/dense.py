@@ -12,6 +12,24 @@ from .config import ModelConfig
 from .rope import Rope
 
 
+# PyTorch's CPU flash kernel also returns the log-sum-exp, which lets a chunk after the first
+# be attended as two mask-free calls (the prefix in full, the chunk causally) merged exactly;
+# an explicit offset mask instead sends SDPA to its math path, which materialises every score.
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _offset_causal_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                       q_per_kv: int) -> torch.Tensor:
+    """q [Hq, T, D] at absolute positions start.., keys/values [Hkv, start+T, D] -> [Hq, T, D]."""
+    k = keys.repeat_interleave(q_per_kv, 0)[None]
+    v = values.repeat_interleave(q_per_kv, 0)[None]
+    o1, lse1 = _FLASH_CPU(q[None], k[:, :, :start], v[:, :, :start], 0.0, False)
+    o2, lse2 = _FLASH_CPU(q[None], k[:, :, start:], v[:, :, start:], 0.0, True)
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m)[..., None], torch.exp(lse2 - m)[..., None]
+    return ((o1 * w1 + o2 * w2) / (w1 + w2))[0].to(q.dtype)
+
+
 class DenseKVState:
     """KVState (see attention.py) over per-layer buffers k/v [Hkv, capacity, D].
 
@@ -68,6 +86,8 @@ class DenseKVState:
             return out.reshape(self.config.n_heads, 1, -1).transpose(0, 1)
         if start == 0:
             out = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=True)
+        elif q.device.type == "cpu" and _FLASH_CPU is not None:
+            out = _offset_causal_cpu(qh, keys, values, start, self.config.q_per_kv)
         else:
             # Causal with an offset: query i (absolute start+i) sees keys 0..start+i.
             rows = torch.arange(start, end, device=q.device)[:, None]
