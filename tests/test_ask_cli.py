@@ -65,3 +65,30 @@ def test_model_answer_only_shows_verified_citations(ingested):
     else:
         assert res["answer"] in (None, "Not found in the document.")
         assert res["evidence"]
+
+
+@pytest.mark.slow
+def test_read_all_second_question_from_another_process_reuses_the_document_kv(tmp_path):
+    """`ask --read-all` twice, as two processes: the second prefills only what is not in the
+    document's cached full segments (the question, and the document's last partial segment)."""
+    import os
+    import subprocess
+    import sys
+
+    from docqa.fixtures.make_pdf import text_to_pages
+
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "sample_contract.txt").read_text()
+    doc = tmp_path / "long.txt"
+    doc.write_text("\n\n".join(["\n".join(sum(text_to_pages(text), []))] * 3))
+    env = {**os.environ, "DOCQA_DB": str(tmp_path / "db.sqlite"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    docqa = [str(Path(sys.executable).with_name("docqa"))]
+    subprocess.run(docqa + ["ingest", str(doc)], env=env, check=True, capture_output=True)
+    runs = []
+    for question in ("Which law governs this agreement?", "What is the annual license fee?"):
+        out = subprocess.run(docqa + ["ask", str(doc), question, "--read-all", "--max-tokens", "8", "--json"],
+                             env=env, check=True, capture_output=True, text=True).stdout
+        runs.append(json.loads(out)["timings"])
+    first, second = runs
+    assert first["cached_tokens"] == 0 and first["prefix_tokens"] > 2048
+    assert second["cached_tokens"] == 2048  # one full segment of the document, read from disk
+    assert second["prefilled_tokens"] < first["prefilled_tokens"] - 2000
