@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from ..pipelines.document import Document
 from ..pipelines.passages import Passage
 from ..pipelines.context import READ_ALL_PROMPT, document_for_model
-from ..pipelines.qa import Answer, Generate, answer_question, check_answer, evidence_citations
+from ..pipelines.qa import Generate, answer_question, check_answer, evidence_citations
 from ..pipelines.retrieval import retrieve
 from .errors import DocqaError
 from .runs import Run, save_run

@@ -647,7 +647,7 @@ def _clauses(ctx: _Ctx, text: str) -> list[Anchor]:
     out = []
     for m in _REF_RE.finditer(text):
         if m.group(4):  # § 5.2
-            kind, first, more_start, more = "section", m.group(5), m.end(), ""
+            kind, first, more = "section", m.group(5), ""
             items = [(m.start(), m.end(5), first)]
         else:
             kind, first, more = m.group(1), m.group(2), m.group(3) or ""
