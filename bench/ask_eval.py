@@ -104,7 +104,7 @@ def main() -> int:
         f"| answerable: gold page among the answer's verified citations | {sum(r['gold_hit'] for r in ans)}/{len(ans)} |",
         f"| answerable: gold page among the evidence shown | {sum(r['evidence_hit'] for r in ans)}/{len(ans)} |",
         f"| shown (verified) citations that re-check against the source lines | {sum(r['rechecked'] for r in rows)}/{shown} |",
-        f"| unanswerable: status | " + ", ".join(f"{s} {sum(r['status'] == s for r in una)}" for s in ("answered", "not_found", "unsupported")) + " |",
+        "| unanswerable: status | " + ", ".join(f"{s} {sum(r['status'] == s for r in una)}" for s in ("answered", "not_found", "unsupported")) + " |",
         f"| wall time per question, median / max (s) | {statistics.median(r['wall'] for r in rows):.1f} / {max(r['wall'] for r in rows):.1f} |",
         "",
         f"RFC 9110 (HTML): \"{rfc_q}\" → status {rfc.status}; citations: "

@@ -7,7 +7,6 @@ unwritten element fails the check.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
