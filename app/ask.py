@@ -155,7 +155,7 @@ def ask(
     count_tokens = None
     if not settings.evidence_only:
         engine = load_engine(settings.model)
-        model_name = str(engine.checkpoint.path) if hasattr(engine.checkpoint, "path") else settings.model
+        model_name = str(engine.checkpoint.path)
         generate = engine_generate(engine, settings, on_token)
         count_tokens = lambda text: len(engine.tokenizer.encode(text, add_bos=False))  # noqa: E731
     t2 = time.perf_counter()

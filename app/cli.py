@@ -315,13 +315,6 @@ def run_json(run) -> dict:
     }
 
 
-def _cite_label(c, multi: bool) -> str:
-    where = f"SECTION:{c.section_id}" if c.section_id else f"PAGE:{c.page}"
-    lines = f"{c.line_start}" if c.line_start == c.line_end else f"{c.line_start}-{c.line_end}"
-    doc = f"DOC:{c.doc_id}, " if multi else ""
-    return f"[{doc}{where}, LINE:{lines}]"
-
-
 def print_run(run) -> None:
     multi = len(run.doc_ids) > 1
     if run.status == "answered":
@@ -331,9 +324,9 @@ def print_run(run) -> None:
         for c in run.citations:
             if c.verified:
                 note = " (re-pointed: the model named other lines)" if c.relocated else ""
-                out.print(f"  verified {_cite_label(c, multi)}{note}: \"{short(c.quote)}\"")
+                out.print(f"  verified {c.label(with_doc=multi)}{note}: \"{short(c.quote)}\"")
             else:
-                out.print(f"  UNVERIFIED {_cite_label(c, multi)} ({c.note}), not shown as support")
+                out.print(f"  UNVERIFIED {c.label(with_doc=multi)} ({c.note}), not shown as support")
     elif run.status == "not_found":
         out.print("Not found in the document (the model found no answer in the passages it read).")
     elif run.status == "unsupported":
@@ -342,7 +335,7 @@ def print_run(run) -> None:
         out.print()
         out.print("evidence:")
         for i, c in enumerate(run.evidence, 1):
-            out.print(f"  {i}. {_cite_label(c, multi)} {short(c.quote, 160)}")
+            out.print(f"  {i}. {c.label(with_doc=multi)} {short(c.quote, 160)}")
     t = run.timings.get("total_s")
     out.file.flush()
     err.print(f"run {run.id}" + (f"  model {Path(run.model).name}" if run.model else "")

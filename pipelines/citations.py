@@ -39,10 +39,13 @@ class Citation(BaseModel):
     char_end: int | None = None
     note: str | None = None  # why a citation did not verify
 
-    def label(self) -> str:
+    def label(self, *, with_doc: bool = False) -> str:
+        """`[PAGE:p, LINE:a-b]` (or SECTION for HTML); `with_doc` names the document first,
+        as answers over several documents must."""
+        doc = f"DOC:{self.doc_id}, " if with_doc else ""
         where = f"SECTION:{self.section_id}" if self.section_id else f"PAGE:{self.page}"
         lines = f"{self.line_start}" if self.line_start == self.line_end else f"{self.line_start}-{self.line_end}"
-        return f"[{where}, LINE:{lines}]"
+        return f"[{doc}{where}, LINE:{lines}]"
 
 
 _CITE = re.compile(

@@ -123,8 +123,7 @@ def reduce_extractions(question: str, docs: Mapping[str, Document], extractions:
             if title:
                 lines.append(f"{title}:")
             for c in group:
-                label = c.label() if not multi else c.label().replace("[", f"[DOC:{doc_id}, ", 1)
-                lines.append(f'- "{" ".join(c.quote.split())}" {label}')
+                lines.append(f'- "{" ".join(c.quote.split())}" {c.label(with_doc=multi)}')
         spans = [(c.char_start, c.char_end) for c in mine if c.char_start is not None]
         for f in detect_conflicts(doc, "extracted", spans, "extracted", spans):
             lines.append(f.text)

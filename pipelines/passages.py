@@ -31,9 +31,10 @@ class Passage(BaseModel):
     section_id: str | None = None
     score: float = 0.0  # filled in by retrieval
 
-    def cite_label(self) -> str:
+    def cite_label(self, *, with_doc: bool = False) -> str:
+        doc = f"DOC:{self.doc_id}, " if with_doc else ""
         where = f"SECTION:{self.label}" if self.label else f"PAGE:{self.page}"
-        return f"[{where}, LINE:{self.line_start}-{self.line_end}]"
+        return f"[{doc}{where}, LINE:{self.line_start}-{self.line_end}]"
 
 
 def _ends_paragraph(text: str) -> bool:

@@ -112,8 +112,7 @@ def check_answer(
         if c.verified:
             c = c.model_copy(update={"segment_id": segment_of(docs[c.doc_id], c.char_start)})
             citations.append(c)
-            label = c.label() if len(docs) == 1 else c.label().replace("[", f"[DOC:{c.doc_id}, ", 1)
-            shown.append(raw[pos : span.start] + label)
+            shown.append(raw[pos : span.start] + c.label(with_doc=len(docs) > 1))
         else:
             citations.append(c)
             shown.append(raw[pos : span.start] + "[unverified citation removed]")
