@@ -139,16 +139,20 @@ def ask(
     settings: AskSettings = AskSettings(),
     *,
     on_token: Callable[[str], None] | None = None,
+    query: str | None = None,
     library: Library | None = None,
     job_id: str | None = None,
     item_id: str | None = None,
     kind: str = "ask",
 ) -> Run:
-    """Answer `question` over the documents `refs` and store the run."""
+    """Answer `question` over the documents `refs` and store the run.
+
+    `query`, when given, is what retrieval searches with instead of the question (a checklist
+    item's question plus its hints); the model and the stored run see the question itself."""
     t0 = time.perf_counter()
     library = library or Library(store)
     docs, passages = library.load(refs)
-    ranked = retrieve(question, docs, passages, fts=library.fts, k=settings.passages)
+    ranked = retrieve(query or question, docs, passages, fts=library.fts, k=settings.passages)
     t1 = time.perf_counter()
     generate = None
     model_name = None

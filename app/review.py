@@ -166,7 +166,7 @@ def run_item(task: dict) -> dict:
     settings = AskSettings(**task["settings"])
     try:
         if item.compare is None:
-            run = ask(store, [task["doc_id"]], item.query(), settings, library=library,
+            run = ask(store, [task["doc_id"]], item.question, settings, query=item.query(), library=library,
                       job_id=task["job_id"], item_id=item.id, kind="review")
             return {"status": run.status, "run_id": run.id, "conflicts": 0}
         return _run_compare(store, library, task, item, settings)
