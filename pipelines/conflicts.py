@@ -26,18 +26,36 @@ What the rules catch, and what they do not:
 Anything that needs reading the clauses' meaning beyond these facts (an exception that
 removes the conflict, two clauses about different products) is left to the model's
 judgement or the reviewer; the rules flag, the citations let a person check quickly.
+
+Across documents (`detect_cross_conflicts`, for answers over several documents) the
+sentences are read for keyed facts and two documents disagree where the same key has
+values in one that the other never states:
+- `governing_law`: the place whose laws govern ("laws of the State of New York");
+- `durations_disagree`: a period of the same kind (as above, plus a notice period: "sixty
+  (60) days' written notice", a termination notice when the sentence speaks of
+  terminating);
+- `amounts_disagree`: a sum of money for the same item — the defined term in parentheses
+  right after it (`(the "Fee")`), else the words ending in an item noun just before it
+  ("annual license fee of $120,000"); amounts per different periods are not compared;
+- `dates_disagree`: a date for the same defined item (`(the "Effective Date")`, "Closing
+  Date"). Two agreements may rightly have different effective dates: the flag says that
+  they differ, the reviewer decides whether it matters.
+Keys are lexical: "license fee" and "license fees" meet; "licence fee", "fee" and "annual
+charge" do not.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
 from pydantic import BaseModel, ConfigDict
 
 from .citations import Citation, find_quote, relocate
 from .document import Document
+from .search import STOPWORDS
 
 _NUMBER_WORDS = {
     w: i
@@ -86,6 +104,9 @@ _PERPETUAL = re.compile(
     r"\bshall (?:solely |exclusively )?own\b|\bremain the (?:sole |exclusive )?property\b",
     re.I,
 )
+# "sixty (60) days' prior written notice": the period is a notice, whatever came before.
+_NOTICE_AFTER = re.compile(r"^['’]?s?\s*(?:prior\s+|advance\s+)?(?:written\s+)?notice\b", re.I)
+_NOTICE_ROLES = ("non-renewal notice", "notice to terminate for convenience")
 MIN_SENTENCE_CHARS = 25
 _HEADING = re.compile(r"^(?:[\dIVXA-Z]+(?:\.\d+)*\.?\s+)?(?:[A-Z][\w'-]*(?:\s+(?:of|for|and|the|to|in|on|or))*\s+){0,6}[A-Z][\w'-]*\.$")
 _SENTENCE_END = re.compile(r"(?<=[.;!?])[\"”')]*\s+(?=[\"“(]?[A-Z0-9])|\n\s*\n")
@@ -110,6 +131,107 @@ class Duration:
 
 
 @dataclass(frozen=True)
+class Fact:
+    kind: str  # "governing law", "duration", "amount", "date"
+    item: str  # what the value is of ("license fee", a duration's role); "" for governing law
+    value: str  # normalised, compared across documents
+    text: str  # as written
+
+
+_GOV_LAW = re.compile(
+    r"(?i:\b(?:govern\w*|constru\w*|interpret\w*|enforced)\b)[^.;]{0,150}?(?i:\blaws?\s+of\s+)"
+    r"(?:the\s+)?(?:(?i:state|commonwealth|province|republic|kingdom)\s+of\s+)?"
+    r"(?P<place>[A-Z][\w.'-]*(?:\s+(?:and\s+|of\s+)?[A-Z][\w.'-]*){0,3})"
+)
+
+
+def _governing_law(text: str) -> list[str]:
+    return list(dict.fromkeys(" ".join(m["place"].rstrip(".").split()) for m in _GOV_LAW.finditer(text)))
+
+
+_MONEY = re.compile(
+    r"(?P<cur>US\$|USD|EUR|GBP|\$|€|£)\s?(?P<num>\d+(?:,\d{3})*(?:\.\d+)?)(?:\s?(?P<mult>million|billion|thousand))?|"
+    r"\b(?P<num2>\d+(?:,\d{3})*(?:\.\d+)?)\s?(?P<mult2>million|billion|thousand)?\s?(?P<cur2>dollars|euros|pounds|USD|EUR|GBP)\b",
+    re.I,
+)
+_CURRENCY = {"us$": "USD", "$": "USD", "usd": "USD", "dollars": "USD", "€": "EUR", "eur": "EUR", "euros": "EUR",
+             "£": "GBP", "gbp": "GBP", "pounds": "GBP"}
+_MULT = {"thousand": 1e3, "million": 1e6, "billion": 1e9}
+_PER = re.compile(r"^\s*(?:per|each|a|every)\s+(?:calendar\s+)?(month|year|annum|quarter|week|day|hour|unit)\b", re.I)
+_MONEY_ITEM = re.compile(
+    r"\b(fee|price|amount|payment|cap|deposit|royalty|royalties|rent|charge|sum|commitment|limit|compensation|"
+    r"consideration|premium|penalty|damages|budget|cost|salary|bonus)s?\b", re.I)
+_DATE_ITEM = re.compile(r"\b(date|deadline)s?\b", re.I)
+# `(the "Effective Date")` right after a value names what it is.
+_DEFINED_AFTER = re.compile(r"^\s*,?\s*\(\s*(?:the\s+|each,?\s+an?\s+|an?\s+)?[\"“']([^\"”']{2,40})[\"”']\s*\)", re.I)
+_MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december"]
+_MONTH = "(?:" + "|".join(_MONTHS) + r"|(?:jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\.?)"
+_DATE = re.compile(
+    rf"\b(?:(?P<m1>{_MONTH})\s+(?P<d1>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y1>\d{{4}})|"
+    rf"(?P<d2>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:day\s+of\s+)?(?P<m2>{_MONTH}),?\s+(?P<y2>\d{{4}})|"
+    r"(?P<y3>\d{4})-(?P<mo3>\d{2})-(?P<d3>\d{2}))\b",
+    re.I,
+)
+_ITEM_WORDS = re.compile(r"[A-Za-z][\w-]*")
+
+
+def _item_before(text: str, end: int, head: re.Pattern, reach: int = 80) -> str | None:
+    """The item a value belongs to: the last `head` noun within `reach` characters before
+    `end`, with up to two words before it that are not function words ("annual license
+    fee", "Closing Date")."""
+    window = text[max(0, end - reach) : end]
+    hits = list(head.finditer(window))
+    if not hits:
+        return None
+    h = hits[-1]
+    words = [h.group(1).lower()]
+    for w in reversed(_ITEM_WORDS.findall(window[: h.start()])[-2:]):
+        if w.lower() in STOPWORDS or w[0].isdigit():
+            break
+        words.insert(0, w.lower())
+    return " ".join(words)
+
+
+def _defined_after(text: str, pos: int) -> str | None:
+    m = _DEFINED_AFTER.match(text[pos:])
+    return " ".join(m.group(1).lower().split()) if m else None
+
+
+def _amounts(text: str) -> list[Fact]:
+    out = []
+    for m in _MONEY.finditer(text):
+        num = float((m["num"] or m["num2"]).replace(",", "")) * _MULT.get((m["mult"] or m["mult2"] or "").lower(), 1)
+        cur = _CURRENCY[(m["cur"] or m["cur2"]).lower()]
+        item = _defined_after(text, m.end()) or _item_before(text, m.start(), _MONEY_ITEM)
+        if not item:
+            continue  # an amount of nothing named cannot be matched with another document's
+        per = _PER.match(text[m.end():])
+        unit = {"annum": "year"}.get(per.group(1).lower(), per.group(1).lower()) if per else ""
+        if unit:
+            item += f" per {unit}"
+        out.append(Fact("amount", item, f"{cur} {num:.2f}", m.group().strip()))
+    return out
+
+
+def _dates(text: str) -> list[Fact]:
+    out = []
+    for m in _DATE.finditer(text):
+        if m["y3"]:
+            y, mo, d = int(m["y3"]), int(m["mo3"]), int(m["d3"])
+        else:
+            name = (m["m1"] or m["m2"]).lower().rstrip(".")
+            mo = next((i + 1 for i, full in enumerate(_MONTHS) if full.startswith(name[:3])), 0)
+            y, d = int(m["y1"] or m["y2"]), int(m["d1"] or m["d2"])
+        if not (1 <= mo <= 12 and 1 <= d <= 31):
+            continue
+        item = _defined_after(text, m.end()) or _item_before(text, m.start(), _DATE_ITEM, reach=60)
+        if item:
+            out.append(Fact("date", item, f"{y:04d}-{mo:02d}-{d:02d}", m.group().strip()))
+    return out
+
+
+@dataclass(frozen=True)
 class Sentence:
     start: int
     end: int
@@ -127,7 +249,16 @@ class Sentence:
                 for r in pat.finditer(before):
                     if r.end() > best:
                         role, best = name, r.end()
+            if role not in _NOTICE_ROLES and _NOTICE_AFTER.match(self.text[m.end():]):
+                role = "termination notice" if re.search(r"terminat", before, re.I) else "notice period"
             out.append(Duration(n * _UNIT_DAYS[m["unit"].lower()], m.group().strip(), role))
+        return out
+
+    def facts(self) -> list[Fact]:
+        """The keyed facts two documents can disagree on."""
+        out = [Fact("governing law", "", v.lower(), v) for v in _governing_law(self.text)]
+        out += [Fact("duration", d.role, str(d.days), d.text) for d in self.durations() if d.role]
+        out += _amounts(self.text) + _dates(self.text)
         return out
 
 
@@ -245,4 +376,55 @@ def detect_conflicts(
                     add("survival_shorter", x_s, y_s,
                         f"confidentiality in {x_id} survives termination by {s.text} only, while "
                         f"{y_id} sets a confidentiality period of {longer[0].text}")
+    return list(found.values())
+
+
+_CROSS_RULES = {"governing law": "governing_law", "duration": "durations_disagree", "amount": "amounts_disagree",
+                "date": "dates_disagree"}
+
+
+def _what(f: Fact) -> str:
+    return "the governing law" if f.kind == "governing law" else f"the {f.item}"
+
+
+def detect_cross_conflicts(
+    docs: Mapping[str, Document],
+    spans: Mapping[str, Sequence[tuple[int, int]]],
+    names: Mapping[str, str] | None = None,
+) -> list[Finding]:
+    """Where two documents disagree, over the char spans cited in each (`spans[doc_id]`).
+
+    A key (kind and item) conflicts when a document states a value for it that the other
+    document, stating the same key, never states: a document that names both 30 and 60
+    days for a notice agrees with one that names either. Each finding cites one sentence in
+    each document, both verified. `names` label the documents in the text (doc ids by
+    default)."""
+    names = names or {}
+    facts: dict[str, list[tuple[Sentence, Fact]]] = {}
+    for doc_id, sp in spans.items():
+        if doc_id in docs and sp:
+            facts[doc_id] = [(s, f) for s in sentences(docs[doc_id], sp) for f in s.facts()]
+    found: dict[tuple, Finding] = {}
+    for a_id, b_id in combinations(list(facts), 2):
+        a_name, b_name = names.get(a_id, a_id), names.get(b_id, b_id)
+        values = {d: {} for d in (a_id, b_id)}
+        for d in (a_id, b_id):
+            for _, f in facts[d]:
+                values[d].setdefault((f.kind, f.item), set()).add(f.value)
+        for sa, fa in facts[a_id]:
+            key = (fa.kind, fa.item)
+            if key not in values[b_id] or fa.value in values[b_id][key]:
+                continue
+            for sb, fb in facts[b_id]:
+                if (fb.kind, fb.item) != key or fb.value in values[a_id][key]:
+                    continue
+                k = (a_id, b_id, key, fa.value, fb.value)
+                if k in found:
+                    continue
+                found[k] = Finding(
+                    rule=_CROSS_RULES[fa.kind],
+                    text=f"[CONFLICT: {a_name} vs {b_name}] {_what(fa)} is {fa.text} in {a_name} but {fb.text} in {b_name}",
+                    a=cite_sentence(docs[a_id], sa),
+                    b=cite_sentence(docs[b_id], sb),
+                )
     return list(found.values())

@@ -6,8 +6,11 @@ question, each as a quote with its citation; every extraction is verified like a
 (quotes that are not in the segment are dropped). Reduce: verified extractions are merged,
 de-duplicated by the text they cover, grouped by document and section, papers headed by
 their `[PAPER: …]` metadata, and rule-detected contradictions between them flagged as
-`[CONFLICT: A vs B]`. Pure functions; `app/mapreduce.py` stores each mapped segment so an
-interrupted run resumes where it stopped.
+`[CONFLICT: A vs B]` — within one document, and across documents where the extracted
+statements give different values for the same thing (governing law, a notice period, a
+named fee or date) — each flag followed by the verified citations of both sides. Pure
+functions; `app/mapreduce.py` stores each mapped segment so an interrupted run resumes
+where it stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import Citation, find_quote, parse_citations, relocate, verify
-from .conflicts import detect_conflicts
+from .conflicts import detect_conflicts, detect_cross_conflicts
 from .document import Document, Segment
 from .qa import Answer, Generate, segment_of
 from .textnorm import normalize
@@ -126,7 +129,16 @@ def reduce_extractions(question: str, docs: Mapping[str, Document], extractions:
                 lines.append(f'- "{" ".join(c.quote.split())}" {c.label(with_doc=multi)}')
         spans = [(c.char_start, c.char_end) for c in mine if c.char_start is not None]
         for f in detect_conflicts(doc, "extracted", spans, "extracted", spans):
-            lines.append(f.text)
+            lines.append(f"{f.text} {f.a.label(with_doc=multi)} / {f.b.label(with_doc=multi)}")
+            cites += [f.a, f.b]
+    if multi:
+        spans_by_doc = {d: [(c.char_start, c.char_end) for c in cites if c.doc_id == d and c.char_start is not None]
+                        for d in docs}
+        cross = detect_cross_conflicts(docs, spans_by_doc)
+        if cross:
+            lines.append("Across documents:")
+        for f in cross:
+            lines.append(f"{f.text} {f.a.label(with_doc=True)} / {f.b.label(with_doc=True)}")
             cites += [f.a, f.b]
     raw = "\n".join(e.raw for e in extractions)
     timings: dict[str, float] = {}

@@ -316,7 +316,8 @@ def signals(
 ) -> dict[str, list[Key]]:
     """Every signal's ranking, by name (for fusion, and for measuring each one). `extra`
     adds what only the benchmark wants: `bm25_plain` (question words, no thesaurus) and
-    `_top_cosine` (a float, for a "not found" threshold)."""
+    `_top_cosine` (a float, for a "not found" threshold) and `_cosine` (every passage's
+    similarity, for the benchmark's reranking variants)."""
     q = analyze(question)
     doc_ids = list(docs)
     if fts is None:
@@ -336,6 +337,7 @@ def signals(
         out["embedding"], sims = _embedding(q.text, encoder, docs, passages)
         if extra:
             out["_top_cosine"] = max(sims.values(), default=0.0)
+            out["_cosine"] = sims
     return out
 
 

@@ -209,6 +209,7 @@ def test_cuad_recall_lexical(cuad_docs):
     r = retrieval_eval.evaluate(encoder=None, docs_by_file=cuad_docs)
     assert r["n"] == 67
     assert r["recall"]["lexical fused"][5] >= retrieval_eval.EXPECTED["lexical fused"] - 0.03, r["misses"]
+    assert [f["n"] for f in r["split_lexical"]] == [27, 21, 19]  # every question held out once
 
 
 def test_cuad_recall_through_the_store(cuad_docs, tmp_path):
@@ -239,6 +240,37 @@ def test_cuad_recall_through_the_store(cuad_docs, tmp_path):
     assert hits / n >= retrieval_eval.EXPECTED["lexical fused"] - 0.03, hits / n
 
 
+def test_rerank_reorders_only_the_lexical_head():
+    """The embedding second stage moves passages within the first N only: what lexical
+    search did not find stays out of reach, and the tail keeps its order."""
+    keys = [("d", i) for i in range(6)]
+    # Lexical order 0..5; cosine order the reverse.
+    row = {"sig": {"bm25_terms": keys, "_cosine": {k: float(k[1]) for k in keys}}}
+    out = retrieval_eval.rerank(row, 3)
+    assert out[3:] == keys[3:] and sorted(out[:3]) == keys[:3]
+    # Equal weights: first by one and third by the other ties with the reverse; the
+    # passage ranked second by both comes last.
+    assert out[2] == ("d", 1)
+    assert retrieval_eval.rerank(row, 3, weight=3.0)[0] == ("d", 2)
+
+
+def test_split_check_chooses_on_the_other_contracts():
+    """Leave-one-contract-out: the variant is picked on two documents and scored on the
+    third, so one that wins only on the held-out document is never credited there."""
+    page = type("P", (), {"__init__": lambda self, n: setattr(self, "page", n)})
+    rows = [{"doc_id": d, "pages": {1}, "g": {"doc_file": f"pdf/{d}.pdf"},
+             "by_key": {(d, 0): page(1), (d, 1): page(2)}} for d in ("a", "b", "c") for _ in range(2)]
+    grid = {
+        "lexical fused": lambda r: [(r["doc_id"], 1 if r["doc_id"] == "c" else 0)],
+        "other": lambda r: [(r["doc_id"], 0 if r["doc_id"] == "c" else 1)],
+    }
+    folds = {f["held_out"]: f for f in retrieval_eval.split_check(rows, grid)}
+    assert folds["c"]["chosen"] == "lexical fused" and folds["c"]["hits"] == [0, 0, 0]
+    # a tie on the training documents goes to the lexical method, listed first
+    assert folds["a"]["chosen"] == "lexical fused" and folds["a"]["hits"] == [2, 2, 2]
+    assert folds["a"]["lexical_hits"] == [2, 2, 2]
+
+
 @pytest.mark.slow
 def test_cuad_recall_with_embeddings():
     """Lexical signals plus MiniLM embeddings (an option, not the default); slow: encodes
@@ -247,3 +279,4 @@ def test_cuad_recall_with_embeddings():
 
     r = retrieval_eval.evaluate(encoder=load_minilm())
     assert r["recall"]["all fused"][5] >= retrieval_eval.EXPECTED["all fused"] - 0.03, r["misses"]
+    assert len(r["split"]) == 3 and sum(f["n"] for f in r["split"]) == r["n"]
