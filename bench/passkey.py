@@ -1,8 +1,8 @@
 """Passkey retrieval with the default model: dense vs sparse attention, inside and beyond 8K.
 
 A 5-digit key is planted in contract text (the CUAD contracts in shared/corpus/qa) at depths
-0.1 / 0.5 / 0.9 of the haystack; the model is asked for it with greedy decoding. A trial passes
-when the key's digits appear in the answer.
+0.1 / 0.5 / 0.9 of the haystack (`--depths` for more); the model is asked for it with greedy
+decoding. A trial passes when the key's digits appear in the answer.
 
     .venv/bin/python bench/passkey.py --out bench/results/passkey.jsonl \
         --runs dense:2048,4096,8192,16384 sparse:2048,4096,8192,16384,32768
@@ -33,7 +33,7 @@ INTRO = ("There is a pass key hidden inside a lot of irrelevant text. Find it an
          "I will quiz you about the pass key.\n\n")
 QUESTION = "\n\nWhat is the pass key? Answer with the 5-digit number only."
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
-DEPTHS = (0.1, 0.5, 0.9)
+DEPTHS = (0.1, 0.5, 0.9)  # their keys come first from the seed, so added depths leave them alone
 
 
 def corpus_lines(corpus: Path) -> list[str]:
@@ -77,11 +77,14 @@ class RouteRecorder(SparseKVState):
 
     def attend(self, layer, q, k, v, positions):
         out = super().attend(layer, q, k, v, positions)
-        r = self.last_route
+        r = self.last_route  # the routing of the call's last queries (its tail, with route_tail)
         if r is not None and r.block_idx.numel():
             b = self.settings.block_size
             lo, hi = self.needle[0] // b, (self.needle[1] - 1) // b
             hit = ((r.block_idx >= lo) & (r.block_idx <= hi)).any(1)  # [Hkv]
+            # Blocks from r.end on lie in the last query's window: read without routing.
+            self.in_window = hi >= r.end
+            hit |= self.in_window
             self.hits[layer] = hit.float().mean().item()
         return out
 
@@ -94,7 +97,8 @@ def diagnose(engine, lines, target, depth, key, settings, device):
     state.needle, state.hits = (p - 4, p + 24), {}
     engine.prefill_chunk = settings.chunk_size
     engine.model(torch.tensor(ids), state, last_only=True, chunk_size=settings.chunk_size)
-    return sum(state.hits.values()) / max(1, len(state.hits)), p, len(ids)
+    frac = sum(state.hits.values()) / max(1, len(state.hits))
+    return frac, p, len(ids), getattr(state, "in_window", False)
 
 
 def run_trial(engine: Engine, ids: list[int], mode: str, settings: EngineSettings,
@@ -114,15 +118,18 @@ def table(path: Path) -> str:
     cells: dict[tuple, list] = defaultdict(list)
     for r in rows:
         # Rows measured before route_chunk existed routed once per 512-token prefill chunk.
+        # ... and before route_tail existed, without a routing tail.
         routing = (f'{r["positions"]}, {r.get("score", "minmax")}, k={r.get("top_k", 16)}, '
-                   f'r={r.get("route_chunk", 512)}')
+                   f'r={r.get("route_chunk", 512)}, t={r.get("route_tail", 0)}')
         cells[(r["mode"], routing, r["target"])].append(r)
-    out = ["| mode | positions, block score, top_k, route_chunk | target tokens | prompt tokens | depth 0.1 | depth 0.5 | depth 0.9 | passed | s/trial |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    depths = sorted({r["depth"] for r in rows})
+    out = ["| mode | positions, block score, top_k, route_chunk, route_tail | target tokens | prompt tokens | "
+           + " | ".join(f"depth {d:g}" for d in depths) + " | passed | s/trial |",
+           "| --- " * (len(depths) + 6) + "|"]
     for (mode, pos, target), rs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
         by_depth = {r["depth"]: r for r in rs}
         marks = []
-        for d in DEPTHS:
+        for d in depths:
             r = by_depth.get(d)
             answer = r["answer"].strip()[:16].replace("\n", "⏎").replace("|", "/") if r else ""
             marks.append("—" if r is None else ("✓" if r["ok"] else f"✗ `{answer}`"))
@@ -138,7 +145,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="*", default=["dense:2048,4096,8192,16384",
                                                   "sparse:2048,4096,8192,16384,32768"],
-                    help="MODE[/POSITIONS[/SCORE[/TOP_K[/ROUTE_CHUNK]]]]:LEN,LEN,... with MODE dense|sparse")
+                    help="MODE[/POSITIONS[/SCORE[/TOP_K[/ROUTE_CHUNK[/ROUTE_TAIL]]]]]:LEN,LEN,... with MODE "
+                         "dense|sparse; empty fields take EngineSettings' defaults")
+    ap.add_argument("--depths", default=",".join(map(str, DEPTHS)),
+                    help="needle depths, comma-separated (e.g. 0.1,0.3,0.5,0.7,0.9)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/passkey.jsonl"))
     ap.add_argument("--model", default=None)
     ap.add_argument("--corpus", type=Path, default=CORPUS, help="folder of *.cuad.txt haystack text")
@@ -152,7 +162,7 @@ def main(argv=None) -> int:
         print(table(args.out))
         return 0
 
-    engine = Engine.load(args.model)
+    engine = Engine.load(args.model, device=args.device)
     if args.device != "cpu":
         engine.model.to(args.device)
         engine.rope.inv_freq = engine.rope.inv_freq.to(args.device)
@@ -160,33 +170,40 @@ def main(argv=None) -> int:
     lines = corpus_lines(args.corpus)
     rng = random.Random(args.seed)
     # The same keys and haystacks for every mode, so rows differ only by attention.
-    keys = {d: f"{rng.randrange(10000, 100000)}" for d in DEPTHS}
+    depths = [float(x) for x in args.depths.split(",")]
+    keys = {d: f"{rng.randrange(10000, 100000)}" for d in DEPTHS + tuple(sorted(set(depths) - set(DEPTHS)))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for spec in args.runs:
         mode_part, lens = spec.split(":")
         mode, *opts = mode_part.split("/")
-        opts += [""] * (4 - len(opts))
-        settings = EngineSettings(positions=opts[0] or "packed", block_score=opts[1] or "minmax",
-                                  top_k=int(opts[2] or EngineSettings.top_k),
-                                  route_chunk=int(opts[3] or EngineSettings.route_chunk))
+        opts += [""] * (5 - len(opts))
+        d = EngineSettings()
+        settings = EngineSettings(positions=opts[0] or d.positions, block_score=opts[1] or d.block_score,
+                                  top_k=int(opts[2] or d.top_k), route_chunk=int(opts[3] or d.route_chunk),
+                                  route_tail=int(opts[4] or d.route_tail))
         for target in (int(x) for x in lens.split(",")):
-            for depth in DEPTHS:
+            for depth in depths:
                 if args.diagnose and mode == "sparse":
-                    frac, pos, n = diagnose(engine, lines, target, depth, keys[depth], settings, args.device)
-                    print(json.dumps({"diagnose": spec, "target": n, "depth": depth, "needle_at": pos,
+                    frac, pos, n, in_window = diagnose(engine, lines, target, depth, keys[depth], settings, args.device)
+                    print(json.dumps({"diagnose": spec, "positions": settings.positions,
+                                      "score": settings.block_score, "top_k": settings.top_k,
+                                      "route_tail": settings.route_tail, "target": n, "depth": depth,
+                                      "needle_at": pos, "needle_in_window": in_window,
                                       "needle_routed_fraction": round(frac, 3)}), flush=True)
                     continue
                 ids = build_prompt(engine, lines, target, depth, keys[depth])
                 answer, secs = run_trial(engine, ids, mode, settings, args.device)
                 rec = {"mode": mode, "positions": settings.positions, "score": settings.block_score,
-                       "top_k": settings.top_k, "route_chunk": settings.route_chunk, "target": target,
+                       "top_k": settings.top_k, "route_chunk": settings.route_chunk,
+                       "route_tail": settings.route_tail, "target": target,
                        "prompt_tokens": len(ids), "depth": depth, "key": keys[depth],
                        "answer": answer, "ok": keys[depth] in answer.replace(",", ""),
                        "seconds": round(secs, 1), "device": args.device}
                 with args.out.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
                 print(json.dumps(rec), flush=True)
-    print(table(args.out))
+    if args.out.exists():
+        print(table(args.out))
     return 0
 
 

@@ -29,6 +29,21 @@ class Route:
         return self.block_idx.shape[1] == max(0, self.end - self.first)
 
 
+def routing_chunks(t: int, settings: EngineSettings) -> list[tuple[int, int]]:
+    """Query ranges [a, b) of a t-query attend call that share one routing decision.
+
+    The last `route_tail` queries route on their own: in a prompt's final prefill chunk they
+    are the question and the assistant prefix, whose blocks would otherwise be outvoted by the
+    chunk's hundreds of document queries (bench/results/passkey.md). The rest is cut every
+    `route_chunk` queries.
+    """
+    tail = settings.route_tail
+    head = t - tail if 0 < tail < t else t
+    rc = settings.route_chunk
+    spans = [(a, min(head, a + rc)) for a in range(0, head, rc)]
+    return spans + ([(head, t)] if head < t else [])
+
+
 def candidate_range(c_end: int, settings: EngineSettings) -> tuple[int, int]:
     """Blocks first..end-1 hold keys some query of a chunk ending at c_end may miss."""
     b = settings.block_size

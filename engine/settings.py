@@ -20,12 +20,19 @@ class EngineSettings:
     window: int = 1024  # local window: query i always sees keys i-window+1 .. i
     block_size: int = 64  # routing granularity
     top_k: int = 16  # routed blocks per query chunk and kv head
-    block_score: str = "minmax"  # "minmax" (upper bound of q.k) or "mean" (q . mean key)
+    # "mean" (q . mean key) or "minmax" (upper bound of q.k over the block); mean routed the
+    # passkey needle 2-4x more often (bench/results/passkey.md): the bound favours blocks
+    # with wide per-channel ranges over blocks whose content matches.
+    block_score: str = "mean"
     segment_size: int = 2048  # tokens per cache segment (unit of tiering and prefix caching)
     chunk_size: int = 512  # prefill chunk (bounds activation memory)
     # Queries that share one routing decision (a smaller value lets the question's last tokens
     # pick their own blocks; 32 was measured in bench/results/passkey.md: no better, 10x slower).
     route_chunk: int = 512
+    # The last route_tail queries of each attend call (prefill chunk) route on their own: for a
+    # prompt's final chunk these are the question and the answer prefix, which otherwise share
+    # the routing of hundreds of document queries; one extra routing per chunk. 0 = off.
+    route_tail: int = 16
     # Positions that distant (routed) blocks get, so contexts longer than the model's trained
     # length stay inside the positions it knows:
     #   true   - every key at its real position (exact, but distances grow without bound)
@@ -47,6 +54,7 @@ class EngineSettings:
         assert self.block_size > 0 and self.window > 0 and self.top_k >= 0 and self.sink_tokens >= 0
         assert self.segment_size % self.block_size == 0, "segments hold whole blocks"
         assert self.chunk_size > 0 and self.route_chunk > 0 and self.live_segments >= 0
+        assert self.route_tail >= 0
         assert self.kv_dtype in ("float32", "bfloat16", "float16"), self.kv_dtype
 
     @property
@@ -63,7 +71,7 @@ class EngineSettings:
         """
         fields = asdict(self)
         for runtime_only in (
-            "chunk_size", "route_chunk", "dense_below", "live_segments", "attention", "top_k", "window", "sink_tokens",
+            "chunk_size", "route_chunk", "route_tail", "dense_below", "live_segments", "attention", "top_k", "window", "sink_tokens",
             "block_score",
         ):
             fields.pop(runtime_only)

@@ -4,7 +4,8 @@ For a chunk of queries c0..c_end (prefill chunk or one decode token), per layer:
 
 1. store the chunk's raw (pre-RoPE) k/v and refresh the descriptors of the blocks it touched;
 2. route (router.py): score candidate blocks by their descriptors, keep top_k per kv head,
-   one decision per `route_chunk` queries;
+   one decision per `route_chunk` queries, and one for the call's last `route_tail` queries
+   (`routing_chunks`);
 3. attend in two disjoint parts and merge them by log-sum-exp:
    - *distant*: keys before R = c0 - window + 1 (outside every query's window): the sinks and
      the selected blocks' keys, gathered per kv head and rotated at the positions the scheme
@@ -32,7 +33,7 @@ from ..kernels.attention import (
 from .config import ModelConfig
 from .kv_cache import DTYPES, SegmentedKVCache
 from .rope import Rope
-from .router import Route, route
+from .router import Route, route, routing_chunks
 from .settings import EngineSettings
 
 
@@ -86,9 +87,8 @@ class SparseKVState:
         if s.attention == "dense" or n <= s.dense_below:
             out = self._dense(layer, q, n)
         else:  # keys of the whole chunk are stored: each routing chunk sees its causal prefix
-            rc = s.route_chunk
-            out = torch.cat([self._sparse(layer, q[a:a + rc], c0 + a, min(n, c0 + a + rc))
-                             for a in range(0, t, rc)])
+            out = torch.cat([self._sparse(layer, q[a:b], c0 + a, c0 + b)
+                             for a, b in routing_chunks(t, s)])
         return out.to(q.dtype)
 
     def commit(self, n: int) -> None:

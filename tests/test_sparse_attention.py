@@ -82,7 +82,7 @@ def test_true_positions_state_equals_the_sparse_kernel_when_not_covered():
     n = 300
     q, k, v = qkv(n, seed=1)
     rope = Rope(CFG)
-    s = EngineSettings(top_k=2, positions="true", route_chunk=100, **SMALL)
+    s = EngineSettings(top_k=2, positions="true", route_chunk=100, route_tail=0, **SMALL)  # one routing
     st = SparseKVState(CFG, s, rope)
     feed(st, q[:200], k[:200], v[:200], [200])
     pos = torch.arange(200, 300)
@@ -147,3 +147,49 @@ def test_tiny_model_sparse_logits_equal_dense():
     for t in ids[690:]:  # decode
         assert rel_err(model(t[None], sparse), model(t[None], dense)) < 1e-5
     assert sparse.exact and sparse.routed_chunks > 0
+
+
+def test_routing_chunks_put_the_tail_on_its_own():
+    from docqa.engine.router import routing_chunks
+
+    s = EngineSettings(route_chunk=512, route_tail=16)
+    assert routing_chunks(512, s) == [(0, 496), (496, 512)]
+    assert routing_chunks(16, s) == [(0, 16)]  # a call no longer than the tail: one decision
+    assert routing_chunks(1, s) == [(0, 1)]  # decode: every token routes alone anyway
+    assert routing_chunks(100, EngineSettings(route_chunk=32, route_tail=10)) == [
+        (0, 32), (32, 64), (64, 90), (90, 100)]
+    assert routing_chunks(100, EngineSettings(route_chunk=512, route_tail=0)) == [(0, 100)]
+
+
+@pytest.mark.parametrize("positions", ["true", "packed", "inflm"])
+def test_tail_routes_as_if_its_queries_came_alone(positions):
+    """One attend call with a routing tail gives what two calls (chunk head, then the tail)
+    give, and the tail's routing really differs from routing the whole chunk at once."""
+    n, c0, tail = 400, 200, 8
+    q, k, v = qkv(n, seed=4)
+    rope = Rope(CFG)
+    s = EngineSettings(top_k=2, positions=positions, route_tail=tail, **SMALL)
+    one = SparseKVState(CFG, s, rope)
+    feed(one, q[:c0], k[:c0], v[:c0], [c0])
+    out = one.attend(0, q[c0:], k[c0:], v[c0:], torch.arange(c0, n))
+    assert not one.last_route.covered
+
+    two = SparseKVState(CFG, EngineSettings(top_k=2, positions=positions, route_tail=0, **SMALL), rope)
+    ref = feed(two, q, k, v, [c0, n - c0 - tail, tail])
+    assert torch.equal(one.last_route.block_idx, two.last_route.block_idx)
+    assert rel_err(out, ref[c0:]) < 1e-6
+
+    whole = SparseKVState(CFG, EngineSettings(top_k=2, positions=positions, route_tail=0, **SMALL), rope)
+    feed(whole, q[:c0], k[:c0], v[:c0], [c0])
+    shared = whole.attend(0, q[c0:], k[c0:], v[c0:], torch.arange(c0, n))
+    assert rel_err(shared[-tail:], out[-tail:]) > 1e-3
+
+
+def test_tail_keeps_sparse_equal_to_dense_when_budget_covers():
+    n = sum(CHUNKS)
+    q, k, v = qkv(n, seed=5)
+    rope = Rope(CFG)
+    st = SparseKVState(CFG, EngineSettings(top_k=64, route_tail=5, route_chunk=48, **SMALL), rope)
+    out = feed(st, q, k, v, CHUNKS)
+    assert st.routed_chunks > len(CHUNKS) and st.exact
+    assert rel_err(out, fp64_dense(q, k, v, rope)) < 1e-5

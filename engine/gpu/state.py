@@ -3,7 +3,8 @@
 Drop-in for `SparseKVState` when the model runs on CUDA (or anywhere under
 TRITON_INTERPRET=1): same settings, same routing rule (router.py: candidates are the blocks
 holding a key in [sink_tokens, c_end - window + 1), top_k of them per kv head, shared by a
-chunk's queries and a GQA group), same exact union of sinks, routed blocks and window.
+GQA group and by the queries of one routing chunk: `route_chunk` queries, the call's last
+`route_tail` on their own), same exact union of sinks, routed blocks and window.
 
 Keys are stored rotated at their true positions, so only the `true` position scheme is
 served here; `packed` / `inflm` rotate routed keys at remapped positions at attention time,
@@ -24,6 +25,7 @@ from ...kernels.attention.triton_sparse import (
 from ...kernels.rope.triton_rope import fused_rope
 from ..config import ModelConfig
 from ..rope import Rope
+from ..router import routing_chunks
 from ..settings import EngineSettings
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -97,18 +99,20 @@ class TritonKVState:
             out, _ = fused_attention(qq, keys, vals, c0)
             return out.to(q.dtype)
         nb = -(-n // b)
-        scores = fused_block_scores(qq, self.kmin[layer, :nb], self.kmax[layer, :nb], self.kmean[layer, :nb],
-                                    s.block_score, chunk=s.chunk_size)
-        c = scores.shape[0]
-        last = torch.clamp(torch.arange(1, c + 1, device=q.device) * s.chunk_size, max=t) - 1 + c0
+        desc = (self.kmin[layer, :nb], self.kmax[layer, :nb], self.kmean[layer, :nb])
+        spans = routing_chunks(t, s)  # the reference state's routing chunks, tail included
+        head = t - s.route_tail if 0 < s.route_tail < t else t
+        parts = [fused_block_scores(qq[:head], *desc, s.block_score, chunk=s.route_chunk)]
+        if head < t:
+            parts.append(fused_block_scores(qq[head:], *desc, s.block_score, chunk=t - head))
+        scores = torch.cat(parts)
+        last = torch.tensor([c0 + e - 1 for _, e in spans], device=q.device)
         outside = last - s.window + 1
         end = torch.where(outside > s.sink_tokens, (outside + b - 1) // b, 0)[:, None, None]
         idx = fused_topk_blocks(scores, s.top_k, s.sink_tokens // b, end)
         out = torch.empty_like(q)
-        for ci in range(c):  # usually one: the engine prefills in chunks of chunk_size
-            sl = slice(ci * s.chunk_size, min(t, (ci + 1) * s.chunk_size))
-            fused_sparse_attention(qq[sl], keys, vals, c0 + sl.start, idx[ci], b, s.sink_tokens, s.window,
-                                   out=out[sl])
+        for ci, (a, e) in enumerate(spans):  # usually one or two: the prefill chunk and its tail
+            fused_sparse_attention(qq[a:e], keys, vals, c0 + a, idx[ci], b, s.sink_tokens, s.window, out=out[a:e])
         return out
 
     def commit(self, n: int) -> None:
