@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from ..engine.config import CheckpointError
+from ..engine.device import DeviceError
 from ..pipelines.errors import IngestError
 from ..pipelines.ingest import EXTENSIONS, build, load
 from . import config
@@ -58,7 +59,7 @@ def cli_errors(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (DocqaError, IngestError, CheckpointError) as e:
+        except (DocqaError, IngestError, CheckpointError, DeviceError) as e:
             error_line(str(e))
             raise typer.Exit(EXIT_ERROR) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):

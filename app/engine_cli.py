@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-from typing import Optional
 
 import typer
 
@@ -16,6 +15,7 @@ engine_app = typer.Typer(help="The embedded LLM engine.\n\nExample: docqa engine
                          no_args_is_help=True, add_completion=False)
 
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: DOCQA_MODEL, else the bundled SmolLM2-135M).")
+DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto (default: DOCQA_DEVICE, else auto: CUDA when present).")
 
 
 @contextmanager
@@ -29,10 +29,10 @@ def _user_errors():
         raise typer.Exit(1) from None
 
 
-def _load(model):
+def _load(model, device=None):
     from docqa.engine import Engine
 
-    return Engine.load(model)
+    return Engine.load(model, device=device)
 
 
 @engine_app.command()
@@ -40,10 +40,11 @@ def generate(
     prompt: str = typer.Argument(..., help="The prompt text."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the model's chat template."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
-    model: Optional[str] = ModelOpt,
+    model: str | None = ModelOpt,
+    device: str | None = DeviceOpt,
     temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy (deterministic)."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling mass."),
-    seed: Optional[int] = typer.Option(None, help="Seed for sampling."),
+    seed: int | None = typer.Option(None, help="Seed for sampling."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ):
     """Generate text from PROMPT, streaming tokens to stdout (greedy by default).
@@ -51,7 +52,7 @@ def generate(
     Example: docqa engine generate "What is a force majeure clause?" --chat --max-tokens 64
     """
     with _user_errors():
-        engine = _load(model)
+        engine = _load(model, device)
         ids = engine.chat_prompt(prompt) if chat else engine.tokenizer.encode(prompt)
 
         def stream(_id, delta):
@@ -79,7 +80,8 @@ CHECK_PROMPTS = [
 
 @engine_app.command()
 def check(
-    model: Optional[str] = ModelOpt,
+    model: str | None = ModelOpt,
+    device: str | None = DeviceOpt,
     tokens: int = typer.Option(16, help="Greedy tokens to compare per prompt."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
@@ -95,7 +97,7 @@ def check(
                    "pip install 'docqa[reference]'", err=True)
         raise typer.Exit(1) from None
     with _user_errors():
-        engine = _load(model)
+        engine = _load(model, device)
         ckpt = engine.checkpoint
         if ckpt.format == "gguf":
             ref = transformers.AutoModelForCausalLM.from_pretrained(
@@ -108,7 +110,8 @@ def check(
             ids = engine.tokenizer.encode(text)
             with torch.no_grad():
                 want = ref(torch.tensor([ids])).logits[0]
-            got = engine.model(torch.tensor(ids), engine.new_state())
+            # on a GPU this compares the device's logits with the CPU reference
+            got = engine.model(torch.tensor(ids, device=engine.device), engine.new_state()).cpu()
             ours = engine.generate(ids, tokens, stop_ids=()).token_ids
             with torch.no_grad():
                 theirs = ref.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
@@ -130,7 +133,8 @@ def check(
 
 @engine_app.command()
 def bench(
-    model: Optional[str] = ModelOpt,
+    model: str | None = ModelOpt,
+    device: str | None = DeviceOpt,
     decode_tokens: int = typer.Option(64, help="Tokens to decode for the decode rate."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
@@ -141,7 +145,7 @@ def bench(
     from docqa.engine.generate import benchmark
 
     with _user_errors():
-        res = benchmark(_load(model), (512, 2048), decode_tokens)
+        res = benchmark(_load(model, device), (512, 2048), decode_tokens)
     if as_json:
         typer.echo(json.dumps(res))
     else:

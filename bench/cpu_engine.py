@@ -1,50 +1,37 @@
-"""CPU benchmark on the default GGUF: our engine vs HF transformers (vs llama.cpp when a
-llama-cpp-python interpreter is given), same token ids, same thread count.
+"""CPU benchmark on the default GGUF, one invocation: our engine vs HF transformers vs llama.cpp
+(`llama-bench`, built outside the project, see bench/llamacpp.py), same thread count, same
+contract-like prompt text, table with ratios.
 
-Each engine runs in its own subprocess so peak RSS is its own. Example:
+Prefill: N tokens from an empty context. Decode: tokens generated after a context of the
+shortest prefill length (llama-bench's -d), greedy. Each engine runs in its own subprocess so
+its peak RSS is its own. Example:
 
-    .venv/bin/python bench/cpu_engine.py --threads 1 --lengths 512 2048 8192 \
-        --llamacpp-python /tmp/llamacpp-venv/bin/python
+    DOCQA_THREADS=1 .venv/bin/python bench/cpu_engine.py --threads 1 --lengths 512 2048 8192 \
+        --llama-bench /tmp/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench
+
+Engines: `ours` (decode weights "auto"), `ours:MODE` for another decode_weights mode (e.g.
+`ours:fp32`), `hf`, `llamacpp`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 
-LLAMACPP_SCRIPT = r"""
-import json, resource, sys, time
-from llama_cpp import Llama
-path, threads, lengths, decode, ids = json.loads(sys.argv[1])
-llm = Llama(model_path=path, n_ctx=max(lengths) + decode + 8, n_threads=threads, n_threads_batch=threads,
-            n_batch=512, verbose=False)
-out = {"prefill": {}}
-for n in lengths:
-    llm.reset()
-    t = time.perf_counter(); llm.eval(ids[:n]); out["prefill"][n] = n / (time.perf_counter() - t)
-llm.reset(); llm.eval(ids[:min(lengths)])
-tok = ids[min(lengths)]
-t = time.perf_counter()
-for _ in range(decode):
-    llm.eval([tok])
-out["decode_tok_s"] = decode / (time.perf_counter() - t)
-out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps(out))
-"""
 
-
-def run_ours(path, threads, lengths, decode, ids):
+def run_ours(path, threads, lengths, decode, ids, mode="auto"):
     import torch
-
     from docqa.engine import Engine
     from docqa.engine.generate import peak_rss_mib
 
     t = time.perf_counter()
-    engine = Engine.load(path, threads=threads)
-    out = {"load_s": time.perf_counter() - t, "prefill": {}}
+    engine = Engine.load(path, threads=threads, device="cpu", decode_weights=mode)
+    out = {"load_s": time.perf_counter() - t, "prefill": {},
+           "decode_weights": engine.model.decode_weights["mode"]}
     for n in lengths:
         state = engine.new_state(capacity=n + 1)
         t = time.perf_counter()
@@ -59,7 +46,6 @@ def run_ours(path, threads, lengths, decode, ids):
 def run_hf(path, threads, lengths, decode, ids):
     import torch
     import transformers
-
     from docqa.engine.generate import peak_rss_mib
 
     torch.set_num_threads(threads)
@@ -88,40 +74,50 @@ def main():
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--engines", nargs="+", default=["ours", "hf", "llamacpp"])
-    ap.add_argument("--llamacpp-python", help="interpreter with llama-cpp-python installed")
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (the llamacpp engine)")
     ap.add_argument("--only", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    from docqa.engine.checkpoint import open_checkpoint
     from docqa.engine.default_model import default_model_path
     from docqa.engine.generate import bench_prompt
     from docqa.engine.tokenizer import Tokenizer
-    from docqa.engine.checkpoint import open_checkpoint
 
     path = default_model_path()
     ids = bench_prompt(Tokenizer.from_gguf_metadata(open_checkpoint(path).metadata),
                        max(args.lengths) + args.decode_tokens + 1)
     if args.only:
-        fn = {"ours": run_ours, "hf": run_hf}[args.only]
-        print(json.dumps(fn(path, args.threads, args.lengths, args.decode_tokens, ids)))
+        name, _, mode = args.only.partition(":")
+        if name == "llamacpp":
+            from llamacpp import llama_cpp
+
+            res = llama_cpp(args.llama_bench, str(path), args.threads, args.lengths,
+                            args.decode_tokens, min(args.lengths))
+        elif name == "ours":
+            res = run_ours(path, args.threads, args.lengths, args.decode_tokens, ids, mode or "auto")
+        else:
+            res = run_hf(path, args.threads, args.lengths, args.decode_tokens, ids)
+        print(json.dumps(res))
         return
 
+    print(f"load average before: {os.getloadavg()}", file=sys.stderr)
     results = {}
     for name in args.engines:
-        if name == "llamacpp":
-            if not args.llamacpp_python:
-                continue
-            cmd = [args.llamacpp_python, "-c", LLAMACPP_SCRIPT,
-                   json.dumps([str(path), args.threads, args.lengths, args.decode_tokens, ids])]
-        else:
-            cmd = [sys.executable, __file__, "--only", name, "--threads", str(args.threads),
-                   "--decode-tokens", str(args.decode_tokens), "--lengths", *map(str, args.lengths)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if name == "llamacpp" and not args.llama_bench:
+            print("llamacpp skipped: no --llama-bench", file=sys.stderr)
+            continue
+        cmd = [sys.executable, __file__, "--only", name, "--threads", str(args.threads),
+               "--decode-tokens", str(args.decode_tokens), "--lengths", *map(str, args.lengths)]
+        if args.llama_bench:
+            cmd += ["--llama-bench", args.llama_bench]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if proc.returncode != 0:
             results[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
             continue
         results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{name}: {results[name]}", file=sys.stderr)
+    print(f"load average after: {os.getloadavg()}", file=sys.stderr)
     if args.json:
         print(json.dumps(results))
     else:
@@ -130,7 +126,7 @@ def main():
 
 def format_table(results: dict, lengths) -> str:
     ok = {k: v for k, v in results.items() if "error" not in v}
-    cols = [f"prefill {n} tok/s" for n in lengths] + ["decode tok/s", "peak RSS MiB"]
+    cols = [f"prefill {n} tok/s" for n in lengths] + [f"decode tok/s @{min(lengths)}", "peak RSS MiB"]
 
     def row(r):
         return [r["prefill"].get(str(n), r["prefill"].get(n)) for n in lengths] + \

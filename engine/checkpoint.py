@@ -64,6 +64,20 @@ class Checkpoint:
             return _gguf_tensors(self._gguf, self.config)
         return _hf_tensors(self.path)
 
+    def q4_blocks(self) -> dict:
+        """The GGUF Q4_0/Q4_1 matrices as stored: HF name -> (raw blocks [rows, bytes] uint8 with
+        Q/K rows in HF order, qtype); {} for other checkpoints. Decode runs on these as stored."""
+        from .decode_weights import Q4_TYPES
+
+        out = {}
+        if self.format != "gguf":
+            return out
+        for _, hf, t, heads in _gguf_entries(self._gguf, self.config):
+            if t.qtype in Q4_TYPES and len(t.shape) == 2:
+                rows = t.raw.reshape(t.shape[0], -1)
+                out[hf] = (unpermute_rope_rows(rows, heads) if heads else rows, t.qtype)
+        return out
+
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path).expanduser()
@@ -98,10 +112,10 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(path, "gguf", config, meta, gf)
 
 
-def _gguf_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+def _gguf_entries(gf: GGUFFile, config: ModelConfig):
+    """(GGUF name, HF name, tensor, heads to un-permute its rows by or None) per weight."""
     # Only llama.cpp's LlamaModel converter permutes Q/K; Qwen2/3 files keep the HF layout.
     permuted = config.arch in ("llama", "mistral")
-    out = {}
     for name, t in gf.tensors.items():
         if name == "rope_freqs.weight":
             continue
@@ -115,9 +129,17 @@ def _gguf_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
             hf = _GGUF_TO_HF[name]
         else:
             raise CheckpointError(f"unexpected tensor {name} in {gf.path}")
-        arr = t.to_numpy()
+        heads = None
         if permuted and m and m.group(2).startswith(("attn_q.", "attn_k.")):
             heads = config.n_heads if m.group(2).startswith("attn_q.") else config.n_kv_heads
+        yield name, hf, t, heads
+
+
+def _gguf_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+    out = {}
+    for _, hf, t, heads in _gguf_entries(gf, config):
+        arr = t.to_numpy()
+        if heads:
             arr = unpermute_rope_rows(arr, heads)
         out[hf] = torch.from_numpy(np.array(arr, dtype=np.float32, copy=not arr.flags.writeable))
     return out
@@ -139,12 +161,19 @@ def _hf_tensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32):
-    """(model, checkpoint): the model's parameters are the checkpoint's tensors themselves."""
+def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_weights: str = "fp32"):
+    """(model, checkpoint): the model's parameters are the checkpoint's tensors themselves.
+
+    decode_weights: "fp32" (none), "bf16", "q4" or "auto" — decode-only weight copies, see
+    engine/decode_weights.py; they apply to fp32 models only."""
+    from .decode_weights import attach, resolve_mode
     from .models.llama import LlamaModel
 
+    mode = resolve_mode(decode_weights)
     ckpt = open_checkpoint(path)
     model = LlamaModel(ckpt.config)
     model.load_weights(ckpt.tensors(), dtype=dtype)
     model.eval()
+    if dtype == torch.float32:
+        model.decode_weights = attach(model, ckpt, mode)
     return model, ckpt

@@ -80,9 +80,11 @@ class DenseKVState:
         if t == 1:
             # One query sees everything: fold the query heads of a group into the "time" axis so
             # keys/values are read once per KV head instead of being repeated per query head.
+            # 4-D (a batch of one) so SDPA takes its flash kernel; 3-D inputs send the CPU build
+            # to the "math" path, which cost ~20% of a decode step (bench/results/cpu_engine.md).
             g = self.config.q_per_kv
             out = F.scaled_dot_product_attention(
-                qh.reshape(self.config.n_kv_heads, g, -1), keys, values)
+                qh.reshape(1, self.config.n_kv_heads, g, -1), keys[None], values[None])
             return out.reshape(self.config.n_heads, 1, -1).transpose(0, 1)
         if start == 0:
             out = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=True)

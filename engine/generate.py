@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
+from ..kernels.gpu import has_triton
 from .attention import KVState
 from .chat import render_chat
 from .checkpoint import Checkpoint, load_model
 from .dense import DenseKVState
+from .device import resolve_device
 from .rope import Rope
 from .sampling import sample
+from .settings import EngineSettings
+from .sparse_state import SparseKVState
 from .tokenizer import Tokenizer
 
 
@@ -70,13 +74,20 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path | None = None, *, dtype: torch.dtype = torch.float32,
-             threads: int | None = None) -> "Engine":
-        """Load a GGUF file or HF directory; None means `DOCQA_MODEL`, else the default model."""
+             threads: int | None = None, device: str | None = None,
+             decode_weights: str = "auto") -> Engine:
+        """Load a GGUF file or HF directory; None means `DOCQA_MODEL`, else the default model.
+        device: "cpu", "cuda[:n]" or "auto" (None: `DOCQA_DEVICE`, else auto = CUDA when present).
+        decode_weights: "auto", "q4", "bf16" or "fp32": decode-only weight copies on CPU (see
+        engine/decode_weights.py); "auto" keeps a Q4_0/Q4_1 GGUF's matrices 4-bit for decode."""
+        from .decode_weights import resolve_mode
         from .default_model import resolve_model_path
 
+        where = resolve_device(device)  # before reading weights: a bad choice fails at once
+        decode_weights = resolve_mode(decode_weights, where)
         torch.set_num_threads(threads or default_threads())
-        model, ckpt = load_model(resolve_model_path(path), dtype=dtype)
-        return cls(model, _tokenizer_of(ckpt), ckpt)
+        model, ckpt = load_model(resolve_model_path(path), dtype=dtype, decode_weights=decode_weights)
+        return cls(model.to(where), _tokenizer_of(ckpt), ckpt)
 
     @staticmethod
     def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
@@ -86,9 +97,23 @@ class Engine:
 
         return _tokenizer_of(open_checkpoint(resolve_model_path(path)))
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
     def new_state(self, capacity: int = 1024) -> DenseKVState:
         dtype = self.model.embed_tokens.weight.dtype
-        return DenseKVState(self.config, self.rope, capacity=capacity, dtype=dtype)
+        return DenseKVState(self.config, self.rope, capacity=capacity, dtype=dtype, device=self.device)
+
+    def new_sparse_state(self, settings: EngineSettings | None = None) -> KVState:
+        """The sparse three-layer state on the engine's device: the Triton kernels on CUDA where
+        they serve the settings (true positions), else the PyTorch reference state."""
+        settings = settings or EngineSettings()
+        if self.device.type == "cuda" and settings.positions == "true" and has_triton():
+            from .gpu.state import TritonKVState
+
+            return TritonKVState(self.config, settings, self.rope, device=self.device)
+        return SparseKVState(self.config, settings, self.rope, device=self.device)
 
     def chat_prompt(self, user: str, system: str | None = None) -> list[int]:
         messages = ([{"role": "system", "content": system}] if system else []) + \
@@ -102,8 +127,12 @@ class Engine:
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
                  state: KVState | None = None, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop_ids: Sequence[int] | None = None,
-                 on_token: Callable[[int, str], None] | None = None) -> GenerationResult:
+                 on_token: Callable[[int, str], None] | None = None,
+                 choose: Callable[[torch.Tensor, list[int]], int] | None = None) -> GenerationResult:
         """Continue `state` (a fresh dense one if None) with `prompt`, then decode.
+
+        choose(logits, generated_ids) -> token id, when given, replaces sampling: constrained
+        decoding (pipelines/quote_constraint.py) picks each token from the model's scores itself.
 
         prompt: text (encoded with the model's BOS rule) or token ids. `state` may already hold a
         prefix (prefix caching): the prompt is appended after it. on_token(id, text_delta) is
@@ -119,16 +148,17 @@ class Engine:
         stops = set(self.tokenizer.stop_ids if stop_ids is None else stop_ids)
         generator = None
         if temperature > 0:
-            generator = torch.Generator().manual_seed(seed if seed is not None else
+            generator = torch.Generator(device=self.device).manual_seed(seed if seed is not None else
                                                        torch.seed() & 0xFFFFFFFF)
 
         t0 = time.perf_counter()
-        logits = self.model(torch.tensor(ids, dtype=torch.long), state, last_only=True,
+        logits = self.model(torch.tensor(ids, dtype=torch.long, device=self.device), state, last_only=True,
                             chunk_size=self.prefill_chunk)[-1]
-        token = int(sample(logits, temperature=temperature, top_p=top_p, generator=generator))
+        out: list[int] = []
+        token = int(choose(logits, out) if choose else
+                    sample(logits, temperature=temperature, top_p=top_p, generator=generator))
         t1 = time.perf_counter()
 
-        out: list[int] = []
         text = ""
         reason = "length"
         while True:
@@ -146,8 +176,10 @@ class Engine:
                     text = full
             if len(out) >= max_new_tokens:
                 break
-            logits = self.model(torch.tensor([token], dtype=torch.long), state, last_only=True)[-1]
-            token = int(sample(logits, temperature=temperature, top_p=top_p, generator=generator))
+            logits = self.model(torch.tensor([token], dtype=torch.long, device=self.device), state,
+                                last_only=True)[-1]
+            token = int(choose(logits, out) if choose else
+                        sample(logits, temperature=temperature, top_p=top_p, generator=generator))
         t2 = time.perf_counter()
         return GenerationResult(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, reason)
 
@@ -179,7 +211,7 @@ def benchmark(engine: Engine, prefill_lengths=(512, 2048), decode_tokens: int = 
     """Prefill tok/s per prompt length, and decode tok/s after the shortest prompt."""
     out = {"prefill": {}, "decode_tok_s": None}
     for n in prefill_lengths:
-        ids = torch.tensor(bench_prompt(engine.tokenizer, n))
+        ids = torch.tensor(bench_prompt(engine.tokenizer, n), device=engine.device)
         state = engine.new_state(capacity=n + 1)
         t0 = time.perf_counter()
         engine.model(ids, state, last_only=True, chunk_size=engine.prefill_chunk)

@@ -101,6 +101,7 @@ class PrefixCache:
         path = Path(engine.checkpoint.path)
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
         model_hash = hashlib.sha256("".join(file_sha256(f) for f in files).encode()).hexdigest()
+        kw.setdefault("device", engine.device)
         return cls(engine.config, model_hash, settings, engine.rope, **kw)
 
     def new_state(self) -> SparseKVState:

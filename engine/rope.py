@@ -55,6 +55,8 @@ class Rope:
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
         """cos, sin of shape [T, 1, D] for broadcasting over heads."""
         if positions is not self._cached_positions or self._cached[0].dtype != dtype:
+            if self.inv_freq.device != positions.device:  # the engine's device decides
+                self.inv_freq = self.inv_freq.to(positions.device)
             freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
             self._cached = (emb.cos().to(dtype), emb.sin().to(dtype))

@@ -103,7 +103,7 @@ LOGITS_TOLERANCE = 1e-3  # fp32, 30 layers; measured ~8e-5 against |logits| up t
 @pytest.fixture(scope="module")
 def default_pair():
     path = default_model_path()
-    ours = Engine.load(path)
+    ours = Engine.load(path, decode_weights="fp32")  # the fp32 path is what must equal HF
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                            dtype=torch.float32)
     ref.eval()

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..attention import KVState
 from ..config import ModelConfig
+from ..decode_weights import DECODE_MAX_ROWS
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -25,8 +26,11 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = _param(d_out, d_in)
         self.bias = _param(d_out) if bias else None
+        self.decode = None  # a decode-only copy (engine/decode_weights.py), for few-row inputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decode is not None and x.shape[0] <= DECODE_MAX_ROWS:
+            return self.decode(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -50,6 +54,8 @@ class Attention(nn.Module):
         self.k_proj = Linear(config.hidden, kv_size, bias=config.qkv_bias)
         self.v_proj = Linear(config.hidden, kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(q_size, config.hidden)
+        self.qkv_sizes = (q_size, kv_size, kv_size)
+        self.decode_qkv = None  # q/k/v fused into one decode-only matrix
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_eps)
@@ -58,9 +64,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, state: KVState, positions: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim)
+        if self.decode_qkv is not None and t <= DECODE_MAX_ROWS:
+            q, k, v = self.decode_qkv(x).split(self.qkv_sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(t, self.n_heads, self.head_dim)
+        k = k.view(t, self.n_kv_heads, self.head_dim)
+        v = v.view(t, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         out = state.attend(self.layer, q, k, v, positions)
@@ -73,9 +83,14 @@ class MLP(nn.Module):
         self.gate_proj = Linear(config.hidden, config.intermediate)
         self.up_proj = Linear(config.hidden, config.intermediate)
         self.down_proj = Linear(config.intermediate, config.hidden)
+        self.decode_gate_up = None  # gate/up fused into one decode-only matrix
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.decode_gate_up is not None and x.shape[0] <= DECODE_MAX_ROWS:
+            gate, up = self.decode_gate_up(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -101,6 +116,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.hidden, config.rms_eps)
         self.lm_head = Linear(config.hidden, config.vocab)
+        self.decode_weights = {"mode": "fp32", "bytes": 0}  # what engine/decode_weights.py attached
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, state: KVState, *, last_only: bool = False,
