@@ -41,10 +41,21 @@ if __package__ in (None, ""):
     _engine.__path__ = [os.path.join(root, "engine")]
     sys.modules["docqa.engine"] = _engine
 
-from docqa.engine.gpu.model import LLAMA3_8B, GraphedDecode, KVCache, Model, Routing, Shape, Weights  # noqa: E402
-from docqa.engine.gpu.tiering import SegmentTiers  # noqa: E402
+from docqa.engine.gpu.model import (  # noqa: E402
+    GEMV_ALL,
+    GEMV_DEFAULT,
+    LLAMA3_8B,
+    GraphedDecode,
+    KVCache,
+    Model,
+    Routing,
+    Shape,
+    Weights,
+)
+from docqa.engine.gpu.tiering import SegmentTiers
 
 RESULTS: dict = {}
+PROFILE = PREFILL_1M = False
 TARGETS = {"decode_128k_ms": 5.0, "decode_1m_ms": 7.0, "prefill_128k_s": 3.5, "prefill_1m_s": 40.0,
            "first_token_1m_s": 0.5}
 
@@ -104,10 +115,19 @@ def ceilings():
 
 @stage("correctness: Triton vs PyTorch references on the GPU (bf16)")
 def correctness():
-    from docqa.kernels.attention.naive import (naive_attention, naive_block_descriptors, naive_block_scores,
-                                               naive_sparse_attention, naive_topk_blocks)
-    from docqa.kernels.attention.triton_sparse import (fused_attention, fused_block_scores, fused_sparse_attention,
-                                                       fused_topk_blocks)
+    from docqa.kernels.attention.naive import (
+        naive_attention,
+        naive_block_descriptors,
+        naive_block_scores,
+        naive_sparse_attention,
+        naive_topk_blocks,
+    )
+    from docqa.kernels.attention.triton_sparse import (
+        fused_attention,
+        fused_block_scores,
+        fused_sparse_attention,
+        fused_topk_blocks,
+    )
     from docqa.kernels.norm import fused_rms_norm, naive_rms_norm
     from docqa.kernels.rope import fused_rope, naive_rope, rope_cos_sin
     from docqa.kernels.swiglu import fused_swiglu, naive_swiglu
@@ -167,6 +187,15 @@ def correctness():
     all_idx = torch.arange(nb, device="cuda")[None].expand(hkv, nb).contiguous()
     o2, _ = fused_sparse_attention(qd, k[:4096], v[:4096], 4096 - 256, all_idx, bs, 4, 1024)
     checks["sparse_full_budget_vs_dense"] = rel(o2, ro)
+    from docqa.kernels.linear import fused_gemv, naive_gemv
+    xr = torch.randn(1, 4096, device="cuda", dtype=bf)
+    g1 = 1 + 0.1 * torch.randn(4096, device="cuda", dtype=bf)
+    for name, wshape, kw in (("qkv+norm", (6144, 4096), {"norm_weight": g1, "eps": 1e-5}),
+                             ("w13+norm+swiglu", (2 * 14336, 4096), {"norm_weight": g1, "eps": 1e-5, "swiglu": True}),
+                             ("w2+residual", (4096, 14336), {"residual": xr})):
+        wm = torch.randn(wshape, device="cuda", dtype=bf) / wshape[1] ** 0.5
+        xin = torch.randn(1, wshape[1], device="cuda", dtype=bf)
+        checks[f"gemv_{name}"] = rel(fused_gemv(xin, wm, **kw), naive_gemv(xin, wm, **kw))
     bad = {name: e for name, e in checks.items() if not e < 2e-2}
     for name, e in checks.items():
         say(f"   {name:32s} rel err {e:.2e}")
@@ -209,11 +238,101 @@ def sparse_bf16(model, n_long, n_short):
         torch.cuda.reset_peak_memory_stats()
         ms = decode_ms(model, kv, n)
         RESULTS[f"decode_{key}_ms"] = ms
-        say(f"   decode @ {n}: {ms:.2f} ms/token (CUDA graph, sparse: sinks 4 + top-16 x 64 + window 1024)")
+        say(f"   decode @ {n}: {ms:.2f} ms/token (CUDA graph, sparse: sinks 4 + top-16 x 64 + window 1024; "
+            f"fused GEMV for {', '.join(model.gemv) or 'none'}, cuBLAS for the rest)")
+        chosen = model.gemv
+        for variant in (GEMV_ALL, ()):  # the same graph with the other projection paths
+            if variant == chosen:
+                continue
+            model.gemv = variant
+            RESULTS[f"decode_{key}_ms_gemv_{'+'.join(variant) or 'none'}"] = other = decode_ms(model, kv, n)
+            say(f"      same with fused GEMV for {', '.join(variant) or 'none (all cuBLAS)'}: {other:.2f} ms/token")
+        model.gemv = chosen
+    if PROFILE:
+        profile_decode(model, kv, n_long)
+        profile_prefill_chunk(model, kv, n_long - 4096)
     RESULTS["first_token_long_s"] = ft = first_token_s(model, kv, n_long)
     RESULTS["peak_decode_long_GiB"] = torch.cuda.max_memory_allocated() / 2**30
     say(f"   first token, 64-token question on cached {n_long}: {ft * 1e3:.1f} ms; peak {RESULTS['peak_decode_long_GiB']:.1f} GiB")
     del kv
+
+
+def profile_decode(model, kv, n, steps=10):
+    """Kernel time per graphed decode step, by kernel name (torch.profiler over graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = GraphedDecode(model, kv, n)
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            g.replay()
+        torch.cuda.synchronize()
+    RESULTS[f"profile_{n}"] = kernel_table(
+        prof, steps, f"profile of one decode step @ {n} (fused GEMV for {', '.join(model.gemv) or 'none'})")
+
+
+def kernel_table(prof, steps, title):
+    rows = [(e.key, e.device_time_total / steps, e.count / steps) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    total = sum(r[1] for r in rows)
+    say(f"   {title}: {total / 1e3:.2f} ms of kernel time")
+    for name, us, cnt in rows[:18]:
+        say(f"      {us:8.1f} us  {cnt:5.0f}x  {name[:90]}")
+    return [(name, us, cnt) for name, us, cnt in rows[:30]]
+
+
+def profile_prefill_chunk(model, kv, p0, steps=3):
+    """Kernel time of one 4096-token prefill chunk at offset p0, by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    toks = torch.randint(0, model.s.vocab, (4096,), device="cuda")
+    model.prefill(toks, kv, p0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            model.prefill(toks, kv, p0)
+        torch.cuda.synchronize()
+    RESULTS[f"profile_prefill_{p0}"] = kernel_table(prof, steps, f"profile of one 4096-token prefill chunk at {p0}")
+
+
+def gemv_shapes(shape):
+    """Each decode projection alone: cuBLAS (with its separate norm/SwiGLU kernels) vs fused GEMV."""
+    from docqa.kernels.linear import fused_gemv
+    from docqa.kernels.norm import fused_rms_norm
+    from docqa.kernels.swiglu import fused_swiglu
+
+    bf, s = torch.bfloat16, shape
+    x = torch.randn(1, s.hidden, device="cuda", dtype=bf)
+    g = torch.ones(s.hidden, device="cuda", dtype=bf)
+
+    def gate_up(w):
+        gu = fused_rms_norm(x, g) @ w.t()
+        return fused_swiglu(gu[:, :s.ffn], gu[:, s.ffn:])
+
+    cases = {
+        "qkv (+rmsnorm)": (torch.randn(s.q_size + 2 * s.kv_size, s.hidden, device="cuda", dtype=bf),
+                           lambda w: fused_rms_norm(x, g) @ w.t(), lambda w: fused_gemv(x, w, norm_weight=g)),
+        "o (+residual)": (torch.randn(s.hidden, s.q_size, device="cuda", dtype=bf),
+                          lambda w: torch.addmm(x, x, w.t()), lambda w: fused_gemv(x, w, residual=x)),
+        "gate/up (+rmsnorm, swiglu)": (torch.randn(2 * s.ffn, s.hidden, device="cuda", dtype=bf), gate_up,
+                                       lambda w: fused_gemv(x, w, norm_weight=g, swiglu=True)),
+        "down (+residual)": (torch.randn(s.hidden, s.ffn, device="cuda", dtype=bf), None, None),
+        "lm_head (+rmsnorm)": (torch.randn(s.vocab, s.hidden, device="cuda", dtype=bf),
+                               lambda w: fused_rms_norm(x, g) @ w.t(), lambda w: fused_gemv(x, w, norm_weight=g)),
+    }
+    a = torch.randn(1, s.ffn, device="cuda", dtype=bf)
+    w2 = cases["down (+residual)"][0]
+    cases["down (+residual)"] = (w2, lambda w: torch.addmm(x, a, w.t()), lambda w: fused_gemv(a, w, residual=x))
+    for name, (w, ref_fn, gemv_fn) in cases.items():
+        gemv_fn(w)  # autotune outside the timing
+        ms_ref = timed(lambda f=ref_fn, m=w: f(m), 50)
+        ms_gemv = timed(lambda f=gemv_fn, m=w: f(m), 50)
+        gb = w.numel() * 2 / 1e9
+        RESULTS[f"gemv_{name}"] = (ms_ref, ms_gemv)
+        say(f"   {name:28s} {gb * 1e3:7.1f} MB: cuBLAS path {ms_ref * 1e3:7.1f} us ({gb / ms_ref:5.2f} TB/s), "
+            f"fused GEMV {ms_gemv * 1e3:7.1f} us ({gb / ms_gemv:5.2f} TB/s)")
 
 
 @stage("dense SDPA baseline, bf16 KV")
@@ -243,18 +362,30 @@ def sparse_1m(model, n):
     kv = KVCache(model.s, n + 4096 + 256, dtype=torch.float8_e4m3fn)
     say(f"   KV + descriptors: {kv.nbytes() / 2**30:.1f} GiB (bf16 would be {2 * kv.k.numel() * 2 / 2**30:.0f} GiB)")
     t0 = time.time()
-    kv.fill_random(n)
-    torch.cuda.synchronize()
-    say(f"   filled {n} random keys/values in {time.time() - t0:.1f} s (a stand-in for a read document)")
+    if PREFILL_1M:
+        toks = torch.randint(0, model.s.vocab, (n,), device="cuda")
+        chunks = []
+        model.prefill(toks, kv, chunk_times=chunks)
+        torch.cuda.synchronize()
+        RESULTS["prefill_1m_s"] = total = time.time() - t0
+        RESULTS["chunk_times_1m"] = [(p0, ev[0].elapsed_time(ev[1]) / 1e3) for p0, _, ev in chunks]
+        say(f"   prefill {n} tokens (sparse, fp8 KV): {total:.1f} s ({n / total:,.0f} tok/s), measured, not extrapolated")
+    else:
+        kv.fill_random(n)
+        torch.cuda.synchronize()
+        say(f"   filled {n} random keys/values in {time.time() - t0:.1f} s (a stand-in for a read document)")
     torch.cuda.reset_peak_memory_stats()
     RESULTS["decode_1m_ms"] = ms = decode_ms(model, kv, n)
     say(f"   decode @ {n}: {ms:.2f} ms/token")
+    if PROFILE:
+        profile_decode(model, kv, n)
+        profile_prefill_chunk(model, kv, n - 4096)
     RESULTS["first_token_1m_s"] = ft = first_token_s(model, kv, n)
     say(f"   first token, 64-token question on cached {n}: {ft * 1e3:.1f} ms")
     # prefill cost of one 4096-token chunk deep in the document, for the 1M extrapolation
     toks = torch.randint(0, model.s.vocab, (4096,), device="cuda")
     for p0 in (n // 2, n - 4096):
-        RESULTS[f"chunk_at_{p0}_s"] = c = timed(lambda: model.prefill(toks, kv, p0), 3) / 1e3
+        RESULTS[f"chunk_at_{p0}_s"] = c = timed(lambda p=p0: model.prefill(toks, kv, p), 3) / 1e3
         say(f"   one 4096-token prefill chunk at offset {p0}: {c:.3f} s")
     RESULTS["peak_1m_GiB"] = torch.cuda.max_memory_allocated() / 2**30
     say(f"   peak {RESULTS['peak_1m_GiB']:.1f} GiB")
@@ -291,7 +422,6 @@ def sparse_1m(model, n):
     with_copies = timed(both, 3) / 10
     RESULTS["decode_1m_with_side_stream_copies_ms"] = with_copies
     say(f"   decode while the side stream moves segments: {with_copies:.2f} ms/token (alone {alone:.2f})")
-    del kv, g, tiers
 
 
 def extrapolate_1m(n_1m):
@@ -320,7 +450,14 @@ def main():
     ap.add_argument("--skip-dense-128k", action="store_true")
     ap.add_argument("--skip-1m", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true", help="kernel-time table of a graphed decode step at 128K")
+    ap.add_argument("--prefill-1m", action="store_true", help="really prefill the 1M context (fp8 KV) instead of "
+                    "filling it with random keys; about a minute")
+    ap.add_argument("--gemv", default=",".join(GEMV_DEFAULT),
+                    help=f"decode projections through the fused GEMV, of {','.join(GEMV_ALL)} ('' = all cuBLAS)")
     a = ap.parse_args()
+    global PROFILE, PREFILL_1M
+    PROFILE, PREFILL_1M = a.profile, a.prefill_1m
     p = torch.cuda.get_device_properties(0)
     say(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs; torch {torch.__version__}")
     import triton
@@ -336,7 +473,8 @@ def main():
     say(f"\nweights: {shape.weight_bytes() / 1e9:.1f} GB bf16 random, made in {time.time() - t0:.1f} s; "
         f"weight-read floor per token {shape.weight_bytes() / (RESULTS.get('copy_TBps', 4.3) * 1e12) * 1e3:.2f} ms "
         f"at the measured copy rate")
-    model = Model(shape, w, Routing())
+    model = Model(shape, w, Routing(), gemv=tuple(x for x in a.gemv.split(",") if x))
+    stage("decode projections one by one (bf16, batch 1)")(gemv_shapes)(shape)
     sparse_bf16(model, n128, n32)
     torch.cuda.empty_cache()
     dense(model, [n32] if a.skip_dense_128k else [n32, n128])
@@ -348,20 +486,21 @@ def main():
         RESULTS["prefill_1m_s_extrapolated"] = est
 
     r = RESULTS
-    L = lambda n: f"{n // 1024}K" if n < 1 << 20 else f"{n >> 20}M"  # noqa: E731
+    L = lambda n: f"{n // 1024}K" if n < 1 << 20 else f"{n >> 20}M"
     rows = [
         (f"decode ms/token @ {L(n32)}", r.get("decode_short_ms"), r.get(f"dense_decode_{n32}_ms"), None),
         (f"decode ms/token @ {L(n128)}", r.get("decode_long_ms"), r.get(f"dense_decode_{n128}_ms"), TARGETS["decode_128k_ms"]),
         (f"decode ms/token @ {L(n1m)} (fp8 KV)", r.get("decode_1m_ms"), None, TARGETS["decode_1m_ms"]),
         (f"prefill s @ {L(n32)}", r.get("prefill_short_s"), r.get(f"dense_prefill_{n32}_s"), None),
         (f"prefill s @ {L(n128)}", r.get("prefill_long_s"), r.get(f"dense_prefill_{n128}_s"), TARGETS["prefill_128k_s"]),
+        (f"prefill s @ {L(n1m)} (fp8 KV, measured)", r.get("prefill_1m_s"), None, TARGETS["prefill_1m_s"]),
         (f"prefill s @ {L(n1m)} EXTRAPOLATED", r.get("prefill_1m_s_extrapolated"), None, TARGETS["prefill_1m_s"]),
         (f"first token s, 64 tok on cached {L(n128)}", r.get("first_token_long_s"), None, None),
         (f"first token s, 64 tok on cached {L(n1m)}", r.get("first_token_1m_s"), None, TARGETS["first_token_1m_s"]),
     ]
     say("\n| figure | sparse (ours) | dense SDPA | dense/sparse | target | meets |")
     say("| --- | --- | --- | --- | --- | --- |")
-    f = lambda x: "—" if x is None else f"{x:.3g}"  # noqa: E731
+    f = lambda x: "—" if x is None else f"{x:.3g}"
     for name, sp, de, tg in rows:
         ratio = f"{de / sp:.1f}x" if sp and de else "—"
         meets = "—" if tg is None or sp is None or a.quick else ("yes" if sp <= tg else "NO")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from docqa.engine.gpu.tiering import SegmentTiers
-from docqa.kernels.gpu import has_cuda, has_triton
+from docqa.kernels.gpu import has_cuda, has_triton, interpreting
 
 cuda = pytest.mark.skipif(not (has_cuda() and has_triton()), reason="needs a CUDA device and triton")
 
@@ -99,3 +99,69 @@ def test_triton_state_matches_sparse_state(attention):
     assert attention == "dense" or not ref.exact  # routing really left blocks out
     fast.truncate(40)
     assert fast.num_tokens == 40
+
+
+@pytest.mark.skipif(not has_triton() or not (has_cuda() or __import__("os").environ.get("TRITON_INTERPRET") == "1"),
+                    reason="needs triton and either CUDA or TRITON_INTERPRET=1")
+def test_triton_state_routes_the_tail_like_the_sparse_state():
+    """Several routing chunks per call plus a routing tail: the same chunks, blocks and outputs."""
+    from docqa.engine.config import ModelConfig
+    from docqa.engine.gpu.state import TritonKVState
+    from docqa.engine.settings import EngineSettings
+    from docqa.engine.sparse_state import SparseKVState
+
+    dev = "cuda" if has_cuda() else "cpu"
+    cfg = ModelConfig(arch="llama", n_layers=1, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=64,
+                      vocab=10, rope_theta=10000.0, max_position=4096, rms_eps=1e-6, tie_embeddings=False,
+                      qkv_bias=False, qk_norm=False)
+    st = EngineSettings(sink_tokens=2, window=16, block_size=16, top_k=2, segment_size=64, chunk_size=64,
+                        route_chunk=24, route_tail=5, positions="true", dense_below=0)
+    ref, fast = SparseKVState(cfg, st, device=dev), TritonKVState(cfg, st, capacity=32, device=dev)
+    g = torch.Generator().manual_seed(1)
+    for t in [64, 64, 1]:
+        pos = torch.arange(ref.num_tokens, ref.num_tokens + t, device=dev)
+        q, k, v = (torch.randn(t, h, 16, generator=g).to(dev) for h in (4, 2, 2))
+        a = ref.attend(0, q, k, v, pos)
+        b = fast.attend(0, q, k, v, pos)
+        assert ((a - b).norm() / a.norm()).item() < 2e-3, t
+        ref.commit(t)
+        fast.commit(t)
+    assert not ref.exact
+
+
+@pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
+                    reason="needs triton and either CUDA or TRITON_INTERPRET=1")
+def test_bench_model_decode_same_tokens_with_fused_gemv_or_plain_matmuls():
+    """The bench model's decode step with its projections in the fused GEMV (norm / SwiGLU /
+    residual folded in) against the same step with plain matmuls and separate kernels: same
+    greedy tokens, same position bookkeeping, over a context long enough to route."""
+    from docqa.engine.gpu.model import GEMV_ALL, KVCache, Model, Routing, Shape, Weights
+
+    dev = "cuda" if has_cuda() and not interpreting() else "cpu"
+    shape = Shape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=100)
+    weights = Weights(shape, device=dev)
+    routing = Routing(sinks=4, window=32, block=16, top_k=2, route_chunk=64)
+    n = 128  # 8 blocks: past sinks + top-2 + window, so decode really routes
+    toks = torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(0)).to(dev)
+    model = Model(shape, weights, routing)
+    kv = KVCache(shape, 256, block=16, device=dev)
+    model.prefill(toks, kv, chunk=128)
+    runs = []
+    for gemv in (GEMV_ALL, ()):  # the default is a subset of the first; CUDA runs cover it in bench/gpu.py
+        model.gemv = gemv
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+        pos = torch.tensor([n], dtype=torch.int32, device=dev)
+        out = []
+        for _ in range(3):
+            model.decode_step(tok, pos, kv)
+            out.append(int(tok))
+        assert int(pos) == n + 3
+        runs.append(out)
+    assert runs[0] == runs[1]
+    # the descriptors decode kept up to date (routing reads the mean) equal the reference's
+    from docqa.kernels.attention.naive import naive_block_descriptors
+
+    rmin, rmax, rmean = naive_block_descriptors(kv.k[1, : n + 3].float(), 16)
+    nb = rmin.shape[0]
+    assert torch.equal(kv.kmin[1, :nb].float(), rmin.to(torch.bfloat16).float())
+    assert torch.allclose(kv.kmean[1, :nb].float(), rmean, rtol=1e-2, atol=1e-2)

@@ -220,12 +220,15 @@ def test_append_kv_keeps_descriptors_equal_to_reference():
     v = torch.randn(n, hkv, d, device=DEVICE)
     kc, vc = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
     kmin = torch.randn(3, hkv, d, device=DEVICE)  # stale contents must be forgotten
-    kmax = kmin.clone()
+    kmax, kmean = kmin.clone(), kmin.clone()
+    ksum = torch.randn(hkv, d, device=DEVICE)
     for p in range(n):
-        fused_append_kv(k[p:p + 1], v[p:p + 1], kc, vc, kmin, kmax, torch.tensor([p], device=DEVICE), bs)
-    rmin, rmax, _ = naive_block_descriptors(k, bs)
+        fused_append_kv(k[p:p + 1], v[p:p + 1], kc, vc, kmin, kmax, torch.tensor([p], device=DEVICE), bs,
+                        kmean=kmean, ksum=ksum)
+    rmin, rmax, rmean = naive_block_descriptors(k, bs)
     assert torch.equal(kc, k) and torch.equal(vc, v)
     assert torch.equal(kmin, rmin) and torch.equal(kmax, rmax)
+    assert torch.allclose(kmean, rmean, atol=1e-6)  # the last block is partial: its mean so far
 
 
 def test_block_scores_candidate_mask():
@@ -247,3 +250,53 @@ def test_rope_accepts_engine_cos_sin_layout():
     cos, sin = rope_cos_sin(torch.arange(9, device=DEVICE) + 1000, 60)
     hf_cos, hf_sin = torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
     assert rel_err(fused_rope(x, hf_cos, hf_sin), naive_rope(x, cos, sin)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 37, 200), (3, 64, 129), (1, 8, 64)])
+@pytest.mark.parametrize("fusion", ["plain", "norm", "norm+swiglu", "residual"])
+def test_gemv(m, n, k, fusion, dtype):
+    from docqa.kernels.linear import fused_gemv, naive_gemv
+
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = (torch.randn(m, k, generator=g) * 2).to(DEVICE, dtype)
+    rows = 2 * n if "swiglu" in fusion else n
+    w = (torch.randn(rows, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    kw = {}
+    if "norm" in fusion:
+        kw.update(norm_weight=(1 + 0.1 * torch.randn(k, generator=g)).to(DEVICE, dtype), eps=1e-5)
+    if "swiglu" in fusion:
+        kw.update(swiglu=True)
+    if fusion == "residual":
+        kw.update(residual=torch.randn(m, n, generator=g).to(DEVICE, dtype))
+    ref = naive_gemv(x, w, **kw)
+    out = fused_gemv(x, w, out=poisoned(ref), **kw)
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+def test_gemv_refuses_what_it_cannot_do():
+    from docqa.kernels.linear import fused_gemv
+
+    x = torch.randn(1, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="do not multiply"):
+        fused_gemv(x, torch.randn(4, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="use a GEMM"):
+        fused_gemv(torch.randn(17, 8, device=DEVICE), torch.randn(4, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="even number"):
+        fused_gemv(x, torch.randn(5, 8, device=DEVICE), swiglu=True)
+
+
+@pytest.mark.parametrize("nb", [16, 100, 1024, 2500])
+def test_decode_topk_matches_torch_topk(nb):
+    from docqa.kernels.attention.triton_sparse import fused_decode_topk
+
+    g = torch.Generator().manual_seed(nb)
+    scores = torch.randn(3, nb, generator=g).to(DEVICE)
+    scores[1, nb // 2:] = float("-inf")  # non-candidates: picked only when too few candidates
+    got = fused_decode_topk(scores, 16)
+    want = torch.topk(scores, 16, dim=-1).indices
+    for row in range(3):
+        picked = got[row].tolist()
+        assert len(set(picked)) == 16 and 0 <= min(picked) and max(picked) < nb  # distinct, in range
+        best = [i for i in want[row].tolist() if torch.isfinite(scores[row, i])]
+        assert set(best) <= set(picked)  # every finite winner of torch.topk is picked

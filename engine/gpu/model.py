@@ -23,7 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from ...kernels.attention.triton_kvstore import fused_append_kv
-from ...kernels.attention.triton_sparse import fused_block_scores, fused_sparse_attention, fused_topk_blocks
+from ...kernels.attention.triton_sparse import (
+    fused_block_scores,
+    fused_decode_topk,
+    fused_sparse_attention,
+    fused_topk_blocks,
+)
+from ...kernels.linear.triton_gemv import fused_gemv
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.rope.triton_rope import fused_rope
 from ...kernels.swiglu.triton_swiglu import fused_swiglu
@@ -62,15 +68,16 @@ LLAMA3_8B = Shape()
 
 @dataclass(frozen=True)
 class Routing:
-    """Mirrors engine/settings.py's defaults (sinks 4, window 1024, blocks of 64, top-16, minmax,
-    routing shared by 512-query chunks)."""
+    """Mirrors engine/settings.py's defaults (sinks 4, window 1024, blocks of 64, top-16, mean-key
+    scores, routing shared by 512-query chunks, a prefill chunk's last 16 queries routed alone)."""
 
     sinks: int = 4
     window: int = 1024
     block: int = 64
     top_k: int = 16
     route_chunk: int = 512
-    score: str = "minmax"
+    route_tail: int = 16
+    score: str = "mean"
 
     def __post_init__(self):
         assert self.sinks < self.block, "decode routing assumes the sinks lie inside block 0"
@@ -110,11 +117,16 @@ class KVCache:
         self.k = torch.empty(dims, dtype=dtype, device=device)
         self.v = torch.empty(dims, dtype=dtype, device=device)
         nb = -(-capacity // block)
-        self.kmin = torch.empty(s.layers, nb, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device=device)
+        # bf16 descriptors (tensor-core scoring) unless the cache itself is fp32 (CPU checks)
+        self.desc_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
+        self.kmin = torch.empty(s.layers, nb, s.kv_heads, s.head_dim, dtype=self.desc_dtype, device=device)
         self.kmax = torch.empty_like(self.kmin)
+        self.kmean = torch.empty_like(self.kmin)
+        # fp32 key sum of each layer's open (last, partly filled) block, which decode extends
+        self.ksum = torch.zeros(s.layers, s.kv_heads, s.head_dim, dtype=torch.float32, device=device)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.kmin, self.kmax))
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.kmin, self.kmax, self.kmean))
 
     def fill_random(self, n: int, seed: int = 1) -> None:
         """Stand-in for a prefilled document of n tokens (timing only), descriptors included."""
@@ -135,29 +147,48 @@ class KVCache:
                     self.v[layer, :, a:b] = vals.transpose(0, 1)
 
     def update_descriptors(self, layer: int, start: int, end: int) -> None:
-        """Recompute min/max of every block touched by keys start..end-1 (their keys are stored)."""
+        """Recompute min/max/mean of every block touched by keys start..end-1 (their keys are stored)."""
         b0, b1 = start // self.block, -(-end // self.block)
         keys = self.k[layer, b0 * self.block: b1 * self.block]
         if keys.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             keys = keys.to(torch.bfloat16)  # fp8 has no min/max kernels
+        pad = 0
         if keys.shape[0] < (b1 - b0) * self.block or end % self.block:
             keys = keys[: end - b0 * self.block].float()
             pad = (b1 - b0) * self.block - keys.shape[0]
             lo = torch.cat([keys, keys.new_full((pad, *keys.shape[1:]), float("inf"))])
             hi = torch.cat([keys, keys.new_full((pad, *keys.shape[1:]), float("-inf"))])
+            zs = torch.cat([keys, keys.new_zeros((pad, *keys.shape[1:]))])
         else:
-            lo = hi = keys
+            lo = hi = zs = keys
         shp = (b1 - b0, self.block, self.shape.kv_heads, self.shape.head_dim)
-        self.kmin[layer, b0:b1] = lo.reshape(shp).amin(1).to(torch.bfloat16)
-        self.kmax[layer, b0:b1] = hi.reshape(shp).amax(1).to(torch.bfloat16)
+        self.kmin[layer, b0:b1] = lo.reshape(shp).amin(1).to(self.desc_dtype)
+        self.kmax[layer, b0:b1] = hi.reshape(shp).amax(1).to(self.desc_dtype)
+        sums = zs.reshape(shp).float().sum(1)
+        counts = torch.full((b1 - b0, 1, 1), float(self.block), device=sums.device)
+        counts[-1] = self.block - pad
+        self.kmean[layer, b0:b1] = (sums / counts).to(self.desc_dtype)
+        self.ksum[layer] = sums[-1]  # decode's append continues the last block from here
+
+
+GEMV_ALL = ("qkv", "o", "gate_up", "down", "lm_head")
+# Measured on the H200 in one graphed decode step at 128K (bench/results/gpu.md): every
+# projection in the fused GEMV 5.23 ms, cuBLAS for o/down only 5.47, all cuBLAS 5.50 — though
+# timed one by one, cuBLAS looked faster for o and down (its launch gaps hid in isolation).
+GEMV_DEFAULT = GEMV_ALL
 
 
 class Model:
-    def __init__(self, shape: Shape, weights: Weights, routing: Routing = Routing()):
+    def __init__(self, shape: Shape, weights: Weights, routing: Routing = Routing(), *,
+                 gemv: tuple[str, ...] = GEMV_DEFAULT):
+        # gemv: the decode projections that run through kernels/linear's GEMV (their RMSNorm /
+        # SwiGLU folded in) instead of cuBLAS plus separate kernels; the others stay cuBLAS
+        assert set(gemv) <= set(GEMV_ALL), gemv
         self.s, self.w, self.r = shape, weights, routing
+        self.gemv = tuple(gemv)
         half = shape.head_dim // 2
         self.inv_freq = 1.0 / shape.rope_theta ** (
-            torch.arange(half, dtype=torch.float64, device="cuda") * 2 / shape.head_dim)
+            torch.arange(half, dtype=torch.float64, device=weights.embed.device) * 2 / shape.head_dim)
 
     def cos_sin(self, positions: torch.Tensor):
         ang = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
@@ -165,18 +196,29 @@ class Model:
 
     # --- one layer's attention under each mode -------------------------------------------------
     def _attend_sparse_prefill(self, layer, q, kv: KVCache, p0: int, t: int):
+        """Routing chunks of route_chunk queries, then the last route_tail queries on their own
+        (router.routing_chunks); the keys of the whole chunk are stored before any attends."""
         r = self.r
-        n = p0 + t
-        nb = -(-n // r.block)
-        scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], kv.kmin[layer, :nb], r.score,
-                                    chunk=r.route_chunk)
+        head = t - r.route_tail if 0 < r.route_tail < t else t
+        out = torch.empty_like(q)
+        self._route_and_attend(layer, q[:head], kv, p0, r.route_chunk, out[:head])
+        if head < t:
+            self._route_and_attend(layer, q[head:], kv, p0 + head, t - head, out[head:])
+        return out
+
+    def _route_and_attend(self, layer, q, kv: KVCache, p0: int, chunk: int, out: torch.Tensor) -> None:
+        r = self.r
+        t = q.shape[0]
+        nb = -(-(p0 + t) // r.block)
+        mean = kv.kmean[layer, :nb] if r.score == "mean" else kv.kmin[layer, :nb]
+        scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], mean, r.score, chunk=chunk)
         c = scores.shape[0]
-        last = torch.clamp(torch.arange(1, c + 1, device=q.device) * r.route_chunk, max=t) - 1 + p0
+        last = torch.clamp(torch.arange(1, c + 1, device=q.device) * chunk, max=t) - 1 + p0
         # a block is a candidate if some key of it is outside the window of the chunk's last query
         end = ((last - r.window + 1 + r.block - 1) // r.block).clamp_min(0)[:, None, None]
         idx = fused_topk_blocks(scores, r.top_k, r.sinks // r.block, end)
-        out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, idx, r.block, r.sinks, r.window)
-        return out
+        fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, idx, r.block, r.sinks, r.window,
+                               route_chunk=chunk if c > 1 else None, out=out)
 
     def decode_end(self, pos: torch.Tensor) -> torch.Tensor:
         """First block whose keys the window of the query at `pos` covers (same for all layers)."""
@@ -185,12 +227,13 @@ class Model:
 
     def _attend_sparse_decode(self, layer, q, kv: KVCache, pos: torch.Tensor, end: torch.Tensor):
         r = self.r
-        scores = fused_block_scores(q, kv.kmin[layer], kv.kmax[layer], kv.kmin[layer], r.score,
+        mean = kv.kmean[layer] if r.score == "mean" else kv.kmin[layer]
+        scores = fused_block_scores(q, kv.kmin[layer], kv.kmax[layer], mean, r.score,
                                     candidates=(r.sinks // r.block, end))
         # Fewer than top_k candidates only early in a context: the extra picks are then blocks
-        # the window covers, whose keys the kernel masks (exact because no block precedes
-        # `first` when sinks < block), so the unsorted raw top-k needs no clean-up launches.
-        idx = torch.topk(scores, min(r.top_k, scores.shape[-1]), dim=-1, sorted=False).indices
+        # the window covers (or not yet written), whose keys the kernel masks (exact because no
+        # block precedes `first` when sinks < block), so the raw top-k needs no clean-up launches.
+        idx = fused_decode_topk(scores, min(r.top_k, scores.shape[-1]))
         out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, idx, r.block, r.sinks, r.window)
         return out
 
@@ -199,8 +242,11 @@ class Model:
               end: torch.Tensor | None = None):
         s, w = self.s, self.w
         t = x.shape[0]
-        h = fused_rms_norm(x, w.ln1[i], s.eps)
-        qkv = h @ w.wqkv[i].t()
+        gemv = self.gemv if pos is not None else ()
+        if "qkv" in gemv:
+            qkv = fused_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=s.eps)
+        else:
+            qkv = fused_rms_norm(x, w.ln1[i], s.eps) @ w.wqkv[i].t()
         qk = qkv[:, : s.q_size + s.kv_size].view(t, s.heads + s.kv_heads, s.head_dim)
         fused_rope(qk, cos, sin, out=qk)  # q and k heads are adjacent: one launch rotates both
         q = qkv[:, : s.q_size].view(t, s.heads, s.head_dim)
@@ -208,7 +254,8 @@ class Model:
         v = qkv[:, s.q_size + s.kv_size:].view(t, s.kv_heads, s.head_dim)
         if mode == "sparse":
             if pos is not None:
-                fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, self.r.block)
+                fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, self.r.block,
+                                kmean=kv.kmean[i], ksum=kv.ksum[i])
                 o = self._attend_sparse_decode(i, q, kv, pos, self.decode_end(pos) if end is None else end)
             else:
                 kv.k[i, p0: p0 + t] = k
@@ -217,10 +264,17 @@ class Model:
                 o = self._attend_sparse_prefill(i, q, kv, p0, t)
         else:
             o = self._attend_dense(i, q, k, v, kv, p0, pos, dense_len)
-        x = torch.addmm(x, o.reshape(t, s.q_size), w.wo[i].t())
-        h = fused_rms_norm(x, w.ln2[i], s.eps)
-        gu = h @ w.w13[i].t()
-        a = fused_swiglu(gu[:, : s.ffn], gu[:, s.ffn:])
+        if "o" in gemv:
+            x = fused_gemv(o.reshape(t, s.q_size), w.wo[i], residual=x)
+        else:
+            x = torch.addmm(x, o.reshape(t, s.q_size), w.wo[i].t())
+        if "gate_up" in gemv:
+            a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=s.eps, swiglu=True)
+        else:
+            gu = fused_rms_norm(x, w.ln2[i], s.eps) @ w.w13[i].t()
+            a = fused_swiglu(gu[:, : s.ffn], gu[:, s.ffn:])
+        if "down" in gemv:
+            return fused_gemv(a, w.w2[i], residual=x)
         return torch.addmm(x, a, w.w2[i].t())
 
     def _attend_dense(self, i, q, k, v, kv: KVCache, p0, pos, dense_len):
@@ -244,7 +298,9 @@ class Model:
         return o[0].transpose(0, 1)
 
     # --- whole passes ---------------------------------------------------------------------------
-    def logits_last(self, x: torch.Tensor) -> torch.Tensor:
+    def logits_last(self, x: torch.Tensor, gemv: bool = False) -> torch.Tensor:
+        if gemv:
+            return fused_gemv(x[-1:], self.w.lm_head, norm_weight=self.w.norm, eps=self.s.eps)
         h = fused_rms_norm(x[-1:], self.w.norm, self.s.eps)
         return h @ self.w.lm_head.t()
 
@@ -281,7 +337,7 @@ class Model:
         end = self.decode_end(pos)  # once per step, not per layer: fewer graph nodes
         for i in range(self.s.layers):
             x = self.layer(i, x, kv, cos, sin, pos=pos, mode=mode, dense_len=dense_len, end=end)
-        tok.copy_(self.logits_last(x).argmax(-1))
+        tok.copy_(self.logits_last(x, gemv="lm_head" in self.gemv).argmax(-1))
         if mode == "sparse":
             pos.add_(1)
 
@@ -294,7 +350,7 @@ class GraphedDecode:
         self.pos = torch.tensor([start_pos], dtype=torch.int32, device="cuda")
         self.start = start_pos
         dense_len = start_pos + 1 if mode == "dense" else None
-        step = lambda: model.decode_step(self.tok, self.pos, kv, mode, dense_len)  # noqa: E731
+        step = lambda: model.decode_step(self.tok, self.pos, kv, mode, dense_len)
         with torch.inference_mode():
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())

@@ -55,7 +55,9 @@ def _block_scores_kernel(
     else:
         kmean = tl.load(kmean_ptr + dptr, mask=lmask, other=0.0)
         ddt = kmean.dtype
-    best = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    # A running elementwise max over row tiles, reduced across rows once after the loop: a
+    # cross-warp reduction per tile made the prefill scoring ~5x slower than its matmuls.
+    best2d = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
     # rows enumerate (query, head-in-group) pairs of this kv head
     for r0 in range(0, n_rows, BLOCK_M):
         r = r0 + tl.arange(0, BLOCK_M)
@@ -69,8 +71,8 @@ def _block_scores_kernel(
             s = tl.dot(tl.maximum(x, 0.0).to(ddt), tl.trans(kmax)) + tl.dot(tl.minimum(x, 0.0).to(ddt), tl.trans(kmin))
         else:
             s = tl.dot(x, tl.trans(kmean))
-        s = tl.where(rmask[:, None], s, float("-inf"))
-        best = tl.maximum(best, tl.max(s, axis=0))
+        best2d = tl.maximum(best2d, tl.where(rmask[:, None], s, float("-inf")))
+    best = tl.max(best2d, axis=0)
     if HAS_END:
         # non-candidates (sink-covered or window-covered blocks) can never win a top-k slot
         best = tl.where((nb >= first) & (nb < tl.load(end_ptr)), best, float("-inf"))
@@ -144,6 +146,65 @@ def fused_topk_blocks(scores: torch.Tensor, top_k: int, first, end) -> torch.Ten
     if k < top_k:
         idx = torch.cat([idx, idx.new_full((*lead, top_k - k), -1)], dim=-1)
     return idx
+
+
+@triton.jit
+def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, TILE: tl.constexpr):
+    """The K best of one tile of one row. Finite scores beat -inf ones (non-candidates, still
+    valid picks when a row has fewer than K candidates); a picked entry and the padding past
+    `n` are retired to -inf, below every real entry, so no index is picked twice."""
+    h = tl.program_id(0)
+    tile = tl.program_id(1)
+    offs = tile * TILE + tl.arange(0, TILE)
+    x = tl.load(s_ptr + h * ss_h + offs, mask=offs < n, other=float("-inf"))
+    x = tl.where(offs < n, tl.where(x == float("-inf"), -3.0e38, x), float("-inf"))
+    for r in range(K):
+        best, at = tl.max(x, axis=0, return_indices=True)
+        tl.store(val_ptr + h * sv_h + tile * K + r, best)
+        tl.store(idx_ptr + h * sv_h + tile * K + r, (tile * TILE + at).to(tl.int64))
+        x = tl.where(tl.arange(0, TILE) == at, float("-inf"), x)
+
+
+@triton.jit
+def _merge_topk_kernel(val_ptr, cidx_ptr, idx_ptr, n, sv_h, so_h, K: tl.constexpr, N_P2: tl.constexpr):
+    h = tl.program_id(0)
+    offs = tl.arange(0, N_P2)
+    x = tl.load(val_ptr + h * sv_h + offs, mask=offs < n, other=float("-inf"))
+    ids = tl.load(cidx_ptr + h * sv_h + offs, mask=offs < n, other=0)
+    for r in range(K):
+        best, at = tl.max(x, axis=0, return_indices=True)
+        tl.store(idx_ptr + h * so_h + r, tl.sum(tl.where(offs == at, ids, 0), axis=0))
+        x = tl.where(offs == at, float("-inf"), x)
+
+
+def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of the top_k scores per row of scores [H, NB] fp32 (unordered), like
+    `torch.topk(scores, top_k).indices` where scores are distinct; -inf entries (non-candidates)
+    are taken last. For a decode step: two small launches instead of torch's radix select,
+    which the H200 profile showed at ~20 us per layer."""
+    h, nb = scores.shape
+    if top_k > nb or top_k > 64 or scores.stride(-1) != 1:
+        return torch.topk(scores, min(top_k, nb), dim=-1, sorted=False).indices
+    tile = 1024 if nb > 1024 else triton.next_power_of_2(nb)
+    n_tiles = triton.cdiv(nb, tile)
+    if out is None:
+        out = torch.empty(h, top_k, dtype=torch.long, device=scores.device)
+    if not out.is_contiguous() or out.shape != (h, top_k):
+        raise ValueError(f"out must be a contiguous [{h}, {top_k}] tensor")
+    if n_tiles == 1:
+        vals = torch.empty(h, top_k, dtype=torch.float32, device=scores.device)
+        _tile_topk_kernel[(h, 1)](scores, vals, out, nb, scores.stride(0), top_k, K=top_k, TILE=tile, num_warps=1)
+        return out
+    vals = torch.empty(h, n_tiles * top_k, dtype=torch.float32, device=scores.device)
+    cidx = torch.empty(h, n_tiles * top_k, dtype=torch.long, device=scores.device)
+    # One warp per program: the K pick-and-retire rounds are latency-bound, and inside one warp
+    # each round's reduction is register shuffles only (the H200 profile: 5-6 us per launch
+    # with 4 warps, most of it cross-warp barriers).
+    _tile_topk_kernel[(h, n_tiles)](scores, vals, cidx, nb, scores.stride(0), n_tiles * top_k, K=top_k, TILE=tile,
+                                    num_warps=1)
+    _merge_topk_kernel[(h,)](vals, cidx, out, n_tiles * top_k, n_tiles * top_k, out.stride(0), K=top_k,
+                             N_P2=triton.next_power_of_2(n_tiles * top_k), num_warps=1)
+    return out
 
 
 @triton.jit
@@ -250,35 +311,34 @@ def _sparse_attn_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    po_ptr, plse_ptr, out_ptr, lse_ptr, n_q, group, so_t, so_h, sl_t,
-    NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    po_ptr, plse_ptr, out_ptr, lse_ptr, group, so_t, so_h, sl_t, n_heads,
+    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    # One program per (query row, kv head), all splits in one load: the merge is latency-bound
+    # (a decode step has 4 rows per head), so one round trip beats a loop over the splits.
+    r = tl.program_id(0)
     h = tl.program_id(1)
-    rr = tl.arange(0, BLOCK_M)
+    pid_m = r // BLOCK_M
+    rr = r % BLOCK_M
+    sp = tl.arange(0, SPLITS_P2)
+    smask = sp < NUM_SPLITS
     d = tl.arange(0, BLOCK_D)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
-        base = ((pid_m * tl.num_programs(1) + h) * NUM_SPLITS + s).to(tl.int64)
-        m = tl.maximum(m, tl.load(plse_ptr + base * BLOCK_M + rr))
+    row = (((pid_m * n_heads + h) * NUM_SPLITS + sp).to(tl.int64) * BLOCK_M + rr)
+    part_lse = tl.load(plse_ptr + row, mask=smask, other=float("-inf"))
+    m = tl.max(part_lse, axis=0)
     m_ref = tl.where(m == float("-inf"), 0.0, m)
-    tot = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for s in range(NUM_SPLITS):
-        base = ((pid_m * tl.num_programs(1) + h) * NUM_SPLITS + s).to(tl.int64)
-        w = tl.exp2(tl.load(plse_ptr + base * BLOCK_M + rr) - m_ref)
-        tot += w
-        acc += w[:, None] * tl.load(po_ptr + (base * BLOCK_M + rr)[:, None] * BLOCK_D + d[None, :])
+    w = tl.exp2(part_lse - m_ref)
+    tot = tl.sum(w, axis=0)
+    parts = tl.load(po_ptr + row[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0)
+    acc = tl.sum(w[:, None] * parts, axis=0)
     empty = tot == 0.0
-    o = acc / tl.where(empty, 1.0, tot)[:, None]
+    o = acc / tl.where(empty, 1.0, tot)
     lse = tl.where(empty, float("-inf"), (m_ref + tl.log2(tl.where(empty, 1.0, tot))) / 1.4426950408889634)
-    r = pid_m * BLOCK_M + rr
-    rmask = r < n_q * group
     t = r // group
     hq = h * group + r % group
-    tl.store(out_ptr + t[:, None].to(tl.int64) * so_t + hq[:, None] * so_h + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (d[None, :] < D))
-    tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
+    tl.store(out_ptr + t.to(tl.int64) * so_t + hq * so_h + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
+    tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse)
 
 
 def fused_sparse_attention(
@@ -294,13 +354,15 @@ def fused_sparse_attention(
     *,
     block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
+    route_chunk: int | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention over sinks ∪ selected blocks ∪ local window (see `naive_sparse_attention`).
 
-    block_idx may also be [C, Hkv, K]: one selection per routing chunk of ceil(T/C) queries, so
-    a long prefill chunk with several routing chunks is one launch.
+    block_idx may also be [C, Hkv, K]: one selection per routing chunk of ceil(T/C) queries
+    (or of `route_chunk` queries, the last chunk shorter), so a long prefill chunk with several
+    routing chunks is one launch.
 
     q [T, Hq, D] at absolute indices q_offset..q_offset+T-1 (already rotated); k, v [N, Hkv, D]
     time-major (bf16/fp16/fp32, or float8_e4m3fn read as bf16); block_idx [Hkv, K] int of
@@ -329,7 +391,7 @@ def fused_sparse_attention(
         # the interpreter's bf16 matrix products are unreliable; the CUDA tests cover bf16
         o, l = fused_sparse_attention(
             q.float(), k.float(), v.float(), q_offset, block_idx, block_size, sink_tokens, window, scale,
-            block_table=block_table, num_splits=num_splits)
+            block_table=block_table, num_splits=num_splits, route_chunk=route_chunk)
         out = o.to(q.dtype) if out is None else out.copy_(o)
         return out, (l if lse is None else lse.copy_(l))
     g = hq // hkv
@@ -350,7 +412,9 @@ def fused_sparse_attention(
     block_d = triton.next_power_of_2(d)
     qoff_is_tensor = isinstance(q_offset, torch.Tensor)
     n_c = block_idx.shape[0]
-    sel_chunk = max(1, triton.cdiv(t, n_c)) if n_c > 1 else 1 << 30
+    if route_chunk is not None and n_c != triton.cdiv(t, route_chunk):
+        raise ValueError(f"{n_c} selections do not cover {t} queries in routing chunks of {route_chunk}")
+    sel_chunk = (route_chunk or max(1, triton.cdiv(t, n_c))) if n_c > 1 else 1 << 30
     if n_c > 1 and (block_m % g or sel_chunk % (block_m // g)):
         raise ValueError(f"routing chunks of {sel_chunk} queries do not tile by {block_m // g}-query programs")
     qoff_t = q_offset if qoff_is_tensor else block_idx  # any pointer; unused
@@ -374,9 +438,10 @@ def fused_sparse_attention(
         num_warps=8 if block_m == 128 else 4, num_stages=2,
     )
     if num_splits > 1:
-        _merge_splits_kernel[(n_m, hkv)](
-            po, plse, out, lse, t, g, out.stride(0), out.stride(1), lse.stride(0),
-            NUM_SPLITS=num_splits, D=d, BLOCK_D=block_d, BLOCK_M=block_m, num_warps=4,
+        _merge_splits_kernel[(rows, hkv)](
+            po, plse, out, lse, g, out.stride(0), out.stride(1), lse.stride(0), hkv,
+            NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), D=d, BLOCK_D=block_d,
+            BLOCK_M=block_m, num_warps=1 if block_d <= 128 else 2,
         )
     return out, lse
 

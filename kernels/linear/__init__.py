@@ -1,0 +1,8 @@
+from ..gpu import has_triton
+from .naive import naive_gemv
+
+__all__ = ["naive_gemv"]
+if has_triton():
+    from .triton_gemv import fused_gemv
+
+    __all__ += ["fused_gemv"]
