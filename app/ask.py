@@ -14,6 +14,7 @@ from ..pipelines.document import Document
 from ..pipelines.passages import Passage
 from ..pipelines.context import READ_ALL_PROMPT, document_for_model
 from ..pipelines.qa import Generate, answer_question, check_answer, evidence_citations
+from ..pipelines.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
 from ..pipelines.retrieval import retrieve
 from .errors import DocqaError
 from .runs import Run, save_run
@@ -32,6 +33,11 @@ class AskSettings:
     max_tokens: int = 200
     temperature: float = 0.0
     read_all: bool = False  # the engine reads the whole document (sparse attention + prefix cache)
+    # Quote-constrained answers (pipelines/quote_constraint.py): the model picks the passage and
+    # the words, decoding keeps them exact quotes. Free text suits models that quote unaided;
+    # the default 135M model paraphrases, so none of its free-text citations verify.
+    quote: bool = True
+    device: str | None = None  # cpu, cuda, cuda:N, auto; None: DOCQA_DEVICE, else auto
 
 
 class Library:
@@ -55,28 +61,42 @@ class Library:
         return [(h.doc_id, h.index, h.bm25) for h in hits]
 
 
-_ENGINES: dict[str | None, object] = {}
+_ENGINES: dict[tuple[str | None, str | None], object] = {}
 
 
-def load_engine(model: str | None):
-    """The engine for a checkpoint, loaded once per process."""
+def load_engine(model: str | None, device: str | None = None):
+    """The engine for a checkpoint on a device, loaded once per process."""
     from ..engine.generate import Engine
 
-    if model not in _ENGINES:
-        _ENGINES[model] = Engine.load(model)
-    return _ENGINES[model]
+    if (model, device) not in _ENGINES:
+        _ENGINES[model, device] = Engine.load(model, device=device)
+    return _ENGINES[model, device]
+
+
+_TOKEN_TABLES: dict[int, TokenTable] = {}
+
+
+def token_table(engine) -> TokenTable:
+    """The engine's vocabulary as text, built once per process."""
+    if id(engine) not in _TOKEN_TABLES:
+        _TOKEN_TABLES[id(engine)] = TokenTable.from_tokenizer(engine.tokenizer)
+    return _TOKEN_TABLES[id(engine)]
 
 
 def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], None] | None) -> Generate:
-    def generate(messages: list[dict[str, str]]) -> str:
+    """The engine as a `Generate`; called with a `QuotePlan` too, it decodes under that plan."""
+
+    def generate(messages: list[dict[str, str]], plan: QuotePlan | None = None) -> str:
         system = next((m["content"] for m in messages if m["role"] == "system"), None)
         user = "\n\n".join(m["content"] for m in messages if m["role"] == "user")
         ids = engine.chat_prompt(user, system=system)
+        decoder = QuoteDecoder(plan, token_table(engine), max_tokens=settings.max_tokens) if plan is not None else None
         result = engine.generate(
             ids,
             max_new_tokens=settings.max_tokens,
             temperature=settings.temperature,
             on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
+            choose=decoder,
         )
         generate.result = result
         return result.text
@@ -115,7 +135,7 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
     state, cached = cache.get_state(doc.content_sha256, prefix_ids)
     if cached < len(prefix_ids):
         with torch.inference_mode():
-            engine.model(torch.tensor(prefix_ids[cached:], dtype=torch.long), state, last_only=True,
+            engine.model(torch.tensor(prefix_ids[cached:], dtype=torch.long, device=engine.device), state, last_only=True,
                          chunk_size=engine.prefill_chunk)
         cache.save(doc.content_sha256, prefix_ids, state)
     t1 = time.perf_counter()
@@ -158,7 +178,7 @@ def ask(
     model_name = None
     count_tokens = None
     if not settings.evidence_only:
-        engine = load_engine(settings.model)
+        engine = load_engine(settings.model, settings.device)
         model_name = str(engine.checkpoint.path)
         generate = engine_generate(engine, settings, on_token)
         count_tokens = lambda text: len(engine.tokenizer.encode(text, add_bos=False))  # noqa: E731
@@ -175,7 +195,7 @@ def ask(
     else:
         answer = answer_question(
             question, docs, ranked, generate,
-            budget_tokens=settings.budget_tokens, evidence_k=settings.evidence, **kwargs,
+            budget_tokens=settings.budget_tokens, evidence_k=settings.evidence, quote=settings.quote, **kwargs,
         )
     timings = dict(answer.timings, retrieve_s=t1 - t0, load_model_s=t2 - t1)
     result = getattr(generate, "result", None)

@@ -243,8 +243,15 @@ def ask(
                            "verified extractions (reduce): for questions over more text than one context; "
                            "resumes where an interrupted run stopped.")
     ] = False,
+    free_text: Annotated[
+        bool, typer.Option("--free-text", help="Let the model write freely instead of quote-constrained "
+                           "decoding (for models that quote unaided; citations are verified either way).")
+    ] = False,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
     budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = 1600,
+    device: Annotated[
+        Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")
+    ] = None,
     db: db_option = None,
     as_json: json_option = False,
 ) -> None:
@@ -264,7 +271,7 @@ def ask(
     if not question.strip():
         raise typer.BadParameter("the question is empty")
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
-                           budget_tokens=budget, read_all=read_all)
+                           budget_tokens=budget, read_all=read_all, quote=not free_text, device=device)
     stream = err.is_terminal and not as_json
 
     def on_token(delta: str) -> None:

@@ -50,7 +50,7 @@ def map_reduce(
     library = library or Library(store)
     docs, passages = library.load(refs)
     if generate is None:
-        engine = load_engine(settings.model)
+        engine = load_engine(settings.model, settings.device)
         generate = engine_generate(engine, settings, None)
         model_name = str(engine.checkpoint.path)
     key = run_key(question, list(docs), model_name, settings)

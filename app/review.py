@@ -224,7 +224,7 @@ def _model_judgement(item, doc_id, docs, passages, runs, settings) -> dict:
     """Ask the model whether the two clauses conflict, over the passages both items cite."""
     spans = [s for r in runs.values() for s in _side_spans(r)]
     chosen = [p for p in passages if any(p.char_start < hi and p.char_end > lo for lo, hi in spans)]
-    engine = load_engine(settings.model)
+    engine = load_engine(settings.model, settings.device)
     question = (f"{item.question} Compare the clauses on '{item.compare[0]}' and '{item.compare[1]}'. "
                 "If they conflict, start with CONFLICT and quote both clauses with their citations; "
                 "otherwise say NO CONFLICT.")

@@ -32,9 +32,11 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 def recheck(doc, c) -> bool:
     """Independent of the verifier: is the quote on the lines the citation names?"""
     page = next(p for p in doc.pages if (p.label == c.section_id if c.section_id else p.n == c.page))
-    text = " ".join(ln.text for ln in page.lines[c.line_start - 1 : c.line_end])
+    # Lines joined by line breaks, as on the page: a word hyphenated at a line end ("non-" /
+    # "exclusive") is one word to the normalisation, which it cannot see across a space.
+    text = "\n".join(ln.text for ln in page.lines[c.line_start - 1 : c.line_end])
     if c.line_end == len(page.lines) and page.n < len(doc.pages):  # a quote may run onto the next page
-        text += " " + " ".join(ln.text for ln in doc.pages[page.n].lines[:3])
+        text += "\n" + "\n".join(ln.text for ln in doc.pages[page.n].lines[:3])
     return normalize(c.quote) in normalize(text)
 
 
@@ -45,6 +47,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--free-text", action="store_true", help="free-text answers, as before quote-constrained decoding")
     args = ap.parse_args()
 
     store = Store(args.db)
@@ -64,7 +67,7 @@ def main() -> int:
         store.add_document(doc)
         ids[rel] = doc.doc_id
     lib = Library(store)
-    settings = AskSettings(model=args.model, max_tokens=160)
+    settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text)
     rows = []
     for i, g in enumerate(sample, 1):
         t = time.perf_counter()
@@ -94,8 +97,9 @@ def main() -> int:
         "# `docqa ask` with the default model on CUAD questions",
         "",
         f"Command: `.venv/bin/python bench/ask_eval.py --per-contract {args.per_contract}`"
-        + (f" --model {args.model}" if args.model else "") + f" (seed {args.seed})",
-        f"Model: {rfc.model}; settings: budget {settings.budget_tokens} tokens, max {settings.max_tokens} new tokens, greedy.",
+        + (f" --model {args.model}" if args.model else "") + (" --free-text" if args.free_text else "") + f" (seed {args.seed})",
+        f"Model: {rfc.model}; settings: budget {settings.budget_tokens} tokens, max {settings.max_tokens} new tokens, greedy, "
+        + ("quote-constrained answers (pipelines/quote_constraint.py)." if settings.quote else "free-text answers."),
         "",
         "| measure | value |",
         "| --- | --- |",

@@ -21,9 +21,13 @@ from .citations import Citation, cite_lines, find_quote, parse_citations, reloca
 from .context import BuiltContext, approx_tokens, build_context, chat_messages
 from .document import Document
 from .passages import Passage
+from .quote_constraint import QuotePlan, plan_for
 from .textnorm import normalize
 
 Generate = Callable[[list[dict[str, str]]], str]
+# Quote-constrained: the model may write only what the plan allows (labels of the passages it
+# read, exact quotes of them, or the abstain sentence), in the format the prompt asks for.
+QuoteGenerate = Callable[[list[dict[str, str]], QuotePlan], str]
 Status = Literal["answered", "unsupported", "evidence_only", "not_found"]
 
 NOT_FOUND = "not found in the document"
@@ -83,15 +87,20 @@ def answer_question(
     budget_tokens: int = 3000,
     count_tokens: Callable[[str], int] = approx_tokens,
     evidence_k: int = 5,
+    quote: bool = False,
 ) -> Answer:
-    """Answer `question` from the ranked `passages` of `docs`; `generate=None` gives evidence only."""
+    """Answer `question` from the ranked `passages` of `docs`; `generate=None` gives evidence only.
+
+    `quote`: `generate` is a `QuoteGenerate`, and the answer is the quotes it chose."""
     t0 = time.perf_counter()
     evidence = evidence_citations(docs, passages, evidence_k)
     if generate is None:
         return Answer(question=question, status="evidence_only", answer=None, evidence=evidence)
     ctx: BuiltContext = build_context(question, docs, passages, budget_tokens=budget_tokens, count_tokens=count_tokens)
     t1 = time.perf_counter()
-    raw = generate(chat_messages(question, ctx))
+    messages = chat_messages(question, ctx)
+    # Constrained decoding only shapes what the model can write; the verifier still checks it.
+    raw = generate(messages, plan_for(ctx.passages, with_doc=len(docs) > 1)) if quote else generate(messages)
     t2 = time.perf_counter()
     answer = check_answer(question, raw, docs, ctx.passages, evidence)
     answer.context_tokens = ctx.tokens

@@ -52,7 +52,7 @@ def test_evidence_only_ranks_the_clause_first(ingested):
 
 
 def test_model_answer_only_shows_verified_citations(ingested):
-    res = _ask(ingested, "--max-tokens", "48")
+    res = _ask(ingested, "--max-tokens", "48", "--budget", "600")
     assert set(res) >= {"answer", "citations", "model", "timings"}
     assert res["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert res["timings"]["prefill_s"] > 0
@@ -65,6 +65,24 @@ def test_model_answer_only_shows_verified_citations(ingested):
     else:
         assert res["answer"] in (None, "Not found in the document.")
         assert res["evidence"]
+
+
+def test_default_model_quotes_with_a_verified_citation(ingested):
+    """Quote-constrained decoding (the default): the 135M model's answer to a plain question
+    carries a citation the verifier accepts, quoted from the lines it names."""
+    pdf, db = ingested
+    question = "How long do the confidentiality obligations survive?"
+    r = CliRunner().invoke(app, ["ask", str(pdf), question, "--db", str(db), "--json",
+                                 "--budget", "600", "--max-tokens", "80"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["status"] == "answered"
+    shown = [c for c in res["citations"] if c["verified"]]
+    assert shown
+    for c in shown:
+        lines = _source_lines(c["page"])[c["line_start"] - 1 : c["line_end"]]
+        assert normalize(c["quote"]) in normalize(" ".join(lines))
+        assert f'"{c["quote"]}"' in res["answer"]
 
 
 @pytest.mark.slow

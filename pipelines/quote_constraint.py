@@ -1,0 +1,270 @@
+"""Quote-constrained answering: the model chooses what to quote and which passage to cite, but
+can only write text that the citation verifier can check.
+
+A small model asked to quote paraphrases instead, so none of its citations verify. Here its
+answer is decoded in the format the prompt asks for, one citation per line:
+
+    "governed by the laws of the State of New York" [PAGE:3, LINE:1-2]
+
+or the abstain sentence `Not found in the document.` At every step the model's own scores
+rank the tokens, and the best-ranked token that keeps the constraint is taken:
+
+- at the start, the model chooses between opening a quote and abstaining;
+- inside a quote, the quote (normalised like the verifier does, but keeping case) must stay a
+  substring, starting at a word, of the text of some passage in the model's context; it may
+  close only past `min_quote_chars` and at the end of a word;
+- after a quote, the label must stay a prefix of the label of a passage that contains the
+  quote; after a label, the model chooses between another quote and the end.
+
+The quote comes first because a small model copies text it has read far better than it maps
+a question to page and line numbers; the label then follows from where the words are.
+Nothing here marks anything verified: the answer goes through `citations.verify` like any
+model answer.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .passages import Passage
+from .textnorm import _HYPHEN_BREAK, _QUOTES, _SPACE
+
+ABSTAIN = "Not found in the document."
+_QUOTE_CHARS = '"\u201c\u201d\u201e'
+_ODD_SPACE = re.compile(r"[^\S ]")  # any blank but a plain space
+
+
+def norm_cased(text: str) -> str:
+    """`textnorm.normalize` without casefolding: a quote matching under it also matches under
+    the verifier's normalisation, and is written in the source's own case."""
+    text = _HYPHEN_BREAK.sub(r"\1", text)
+    text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    return _SPACE.sub(" ", text).strip()
+
+
+@dataclass(frozen=True)
+class QuotePlan:
+    """What the answer may cite: one label per passage the model read, with that passage's text."""
+
+    labels: tuple[str, ...]
+    sources: tuple[str, ...]
+    abstain: str | None = ABSTAIN
+    max_citations: int = 2
+    min_quote_chars: int = 20
+    max_quote_tokens: int = 60
+
+
+def plan_for(passages: Sequence[Passage], *, with_doc: bool = False, **kw) -> QuotePlan:
+    seen: dict[str, str] = {}
+    for p in passages:
+        seen.setdefault(p.cite_label(with_doc=with_doc), p.text)
+    return QuotePlan(labels=tuple(seen), sources=tuple(seen.values()), **kw)
+
+
+class TokenTable:
+    """Each token's text for one vocabulary (so constraints are checked on strings), and the
+    ids of each text (so the tokens that spell the next characters of a label are found
+    without scanning the vocabulary)."""
+
+    def __init__(self, texts: Sequence[str], stop_ids: Sequence[int], encode: Callable[[str], list[int]]):
+        self.texts = list(texts)
+        self.stop_ids = tuple(stop_ids)
+        self.encode = encode
+        self.by_text: dict[str, list[int]] = {}
+        for i, t in enumerate(self.texts):
+            # A lone token of a multi-byte character decodes to U+FFFD: not text on its own.
+            if t and "\ufffd" not in t:
+                self.by_text.setdefault(t, []).append(i)
+        self.max_len = max((len(t) for t in self.by_text), default=1)
+        self.quote_id = self.by_text['"'][0]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> TokenTable:
+        texts = tokenizer.tok.decode_batch([[i] for i in range(tokenizer.vocab_size)], skip_special_tokens=True)
+        return cls(texts, tokenizer.stop_ids, lambda text: tokenizer.encode(text, add_bos=False))
+
+
+def _occurs(needle: str, hay: str, *, at_word_end: bool, room: int = 0) -> bool:
+    """`needle` occurs in `hay` starting at a word (and, if asked, ending at one), with at
+    least `room` characters of `hay` from where it starts."""
+    i = hay.find(needle)
+    while i >= 0 and len(hay) - i >= room:
+        j = i + len(needle)
+        starts = i == 0 or not (hay[i - 1].isalnum() and needle[0].isalnum())
+        ends = not at_word_end or j == len(hay) or not (hay[j].isalnum() and needle[-1].isalnum())
+        if starts and ends:
+            return True
+        i = hay.find(needle, i + 1)
+    return False
+
+
+def _runs(text: str, min_chars: int) -> list[str]:
+    """The stretches of `text` a quote can lie in: between the source's own double quotes
+    (a quote cannot contain one and still be parsed), long enough to be worth quoting."""
+    return [r.strip() for r in re.split(r'"', text) if len(r.strip()) >= min_chars]
+
+
+@dataclass
+class QuoteDecoder:
+    """The per-step token chooser for `Engine.generate(choose=...)`."""
+
+    plan: QuotePlan
+    table: TokenTable
+    top_n: int = 50
+    max_tokens: int | None = None  # the generation's token limit: close a quote in time for its label
+    cited: list[tuple[str, str]] = field(default_factory=list)  # (quote, label) written so far
+    abstained: bool = False
+    _partial: str = ""
+    _options: list[tuple[str, str]] = field(default_factory=list)  # (string, what it commits to)
+    _end_allowed: bool = False
+    _quoting: bool = False
+    _quote: str = ""
+    _quote_tokens: int = 0
+    _done: bool = False
+    _runs: list[tuple[int, str]] = field(default_factory=list)  # (source index, quotable stretch)
+    _open: set[int] = field(default_factory=set)  # sources not cited yet: one citation each
+    _label_room: int = 0  # tokens the longest label takes, closing quote included
+
+    def __post_init__(self):
+        self._runs = [(i, r) for i, s in enumerate(self.plan.sources)
+                      for r in _runs(norm_cased(s), self.plan.min_quote_chars)]
+        self._open = set(range(len(self.plan.sources)))
+        self._label_room = 2 + max((len(self.table.encode(" " + lab)) for lab in self.plan.labels), default=0)
+        if self.plan.labels:
+            self._options.append(('"', "quote"))
+        if self.plan.abstain:
+            self._options.append((self.plan.abstain, "abstain"))
+        self._done = not self._options
+
+    # -- engine hook ------------------------------------------------------------------------
+    def __call__(self, logits, generated: Sequence[int]) -> int:
+        if self._done:
+            return self.table.stop_ids[0]
+        if self._quoting:
+            return self._quote_step(logits, len(generated))
+        return self._option_step(logits, len(generated))
+
+    # -- choosing among fixed strings --------------------------------------------------------
+    def _option_step(self, logits, n_generated: int) -> int:
+        if self._end_allowed and not self._partial and not self._room(n_generated, 12):
+            self._done = True  # no room for another quote and its label: end here
+            return self.table.stop_ids[0]
+        cands: dict[int, None] = {}
+        for s, _ in self._options:
+            if not self._partial:
+                # The choice between options is made on each option's first token as the
+                # tokenizer writes it: "Not" for the abstain sentence, not "No" (an answer to a
+                # yes/no question that merely spells the same letters).
+                cands[self.table.encode(s)[0]] = None
+                continue
+            if not s.startswith(self._partial):
+                continue
+            rest = s[len(self._partial):]
+            for k in range(1, min(len(rest), self.table.max_len) + 1):
+                cands.update(dict.fromkeys(self.table.by_text.get(rest[:k], ())))
+        if self._end_allowed and not self._partial:
+            cands.update(dict.fromkeys(self.table.stop_ids))
+        ids = list(cands)
+        if not ids:  # cannot happen while the options are prefix-consistent; end rather than guess
+            self._done = True
+            return self.table.stop_ids[0]
+        scores = logits[ids].tolist()
+        best = ids[max(range(len(ids)), key=scores.__getitem__)]
+        if best in self.table.stop_ids:
+            self._done = True
+            return best
+        self._partial += self.table.texts[best]
+        for s, what in self._options:
+            if s == self._partial:
+                self._commit(what)
+                break
+        return best
+
+    def _commit(self, what: str) -> None:
+        self._partial = ""
+        if what == "abstain":
+            self.abstained = self._done = True
+        elif what == "quote":
+            self._quoting, self._quote, self._quote_tokens = True, "", 0
+        else:  # a label: the citation is complete
+            self.cited.append((self._quote, what))
+            self._open.discard(self.plan.labels.index(what))
+            self._done = len(self.cited) >= self.plan.max_citations or not self._open
+            self._options, self._end_allowed = [('\n"', "quote")], True
+
+    # -- quoting ----------------------------------------------------------------------------
+    def _sources_with(self, q: str, *, at_word_end: bool) -> list[int]:
+        nq = norm_cased(q)
+        if q[-1:].isspace():  # a trailing blank is a claim that the word ends here
+            nq, at_word_end = nq + " ", False
+        if not nq.strip():
+            return []
+        # Room to reach the minimum length: a quote never walks into a stretch too short to close.
+        room = self.plan.min_quote_chars
+        return sorted({i for i, r in self._runs if i in self._open and _occurs(nq, r, at_word_end=at_word_end, room=room)})
+
+    def _closable(self, q: str) -> bool:
+        return len(norm_cased(q)) >= self.plan.min_quote_chars and bool(self._sources_with(q, at_word_end=True))
+
+    def _close(self, head: str, token: int) -> int:
+        self._quote = (self._quote + head).strip()
+        self._quoting = False
+        where = self._sources_with(self._quote, at_word_end=True) or self._sources_with(self._quote, at_word_end=False)
+        self._options = [(" " + self.plan.labels[i], self.plan.labels[i]) for i in where]
+        self._end_allowed = False
+        return token
+
+    def _try(self, token: int) -> int | None:
+        """`token` if it keeps the quote inside a source (or closes it properly), else None."""
+        q = self._quote
+        if token in self.table.stop_ids:  # the model wants to stop: close the quote instead
+            return self._close("", self.table.quote_id) if self._closable(q) else None
+        t = self.table.texts[token]
+        if not t or "\ufffd" in t or "\n" in t or "\r" in t:
+            return None
+        # Normalisation folds runs of blanks into one: without this a quote could grow by
+        # blanks forever while still "matching".
+        if (not q or q[-1].isspace()) and t[0].isspace() or "  " in t or _ODD_SPACE.search(t):
+            return None
+        # Compatibility forms ("º" for "o") match after NFKC but are not what the source says.
+        if unicodedata.normalize("NFKC", t) != t:
+            return None
+        cut = next((k for k, c in enumerate(t) if c in _QUOTE_CHARS), None)
+        if cut is not None:  # a closing quote; the label comes next, so nothing may follow it
+            head = t[:cut]
+            ok = cut == len(t) - 1 and not (q + head)[-1:].isspace() and self._closable(q + head)
+            return self._close(head, token) if ok else None
+        if self._sources_with(q + t, at_word_end=False):
+            self._quote += t
+            self._quote_tokens += 1
+            return token
+        return None
+
+    def _room(self, n_generated: int, extra: int) -> bool:
+        """Whether `extra` more tokens and a label still fit in the generation's limit."""
+        return self.max_tokens is None or n_generated + self._label_room + extra < self.max_tokens
+
+    def _quote_step(self, logits, n_generated: int) -> int:
+        if (self._quote_tokens >= self.plan.max_quote_tokens or not self._room(n_generated, 8)) \
+                and self._closable(self._quote):
+            return self._close("", self.table.quote_id)
+        if not self._room(n_generated, 0):  # the label must fit: close even where a quote should not
+            return self._close("", self.table.quote_id)
+        order = logits.topk(min(self.top_n, logits.shape[-1])).indices.tolist()
+        for token in order:
+            got = self._try(token)
+            if got is not None:
+                return got
+        if self._closable(self._quote):
+            return self._close("", self.table.quote_id)
+        # Rare: nothing the model ranks high fits; go down its ranking over the whole vocabulary.
+        for token in logits.argsort(descending=True)[self.top_n:].tolist():
+            got = self._try(token)
+            if got is not None:
+                return got
+        # A dead end (a character no single token spells): close; a quote too short to prove
+        # anything will fail verification and not be shown as support.
+        return self._close("", self.table.quote_id)

@@ -1,0 +1,183 @@
+"""Quote-constrained decoding: whatever the model's scores, it writes only exact quotes of the
+passages it read, under their own labels, or abstains; the verifier still checks everything."""
+
+import random
+
+import pytest
+import torch
+from docqa.engine.generate import Engine
+from docqa.pipelines.citations import parse_citations, verify
+from docqa.pipelines.document import RawLine, RawPage, assemble
+from docqa.pipelines.passages import make_passages
+from docqa.pipelines.qa import answer_question
+from docqa.pipelines.quote_constraint import (
+    ABSTAIN,
+    QuoteDecoder,
+    TokenTable,
+    norm_cased,
+    plan_for,
+)
+from docqa.pipelines.textnorm import normalize
+
+PAGES = [
+    ["SERVICES AGREEMENT", "", "1. Term. This Agreement begins on the Effective Date and", "continues for five (5) years."],
+    ["8. Termination.", "Either party may terminate this Agreement for convenience upon",
+     "ninety (90) days' prior written notice to the other party (the \"Notice\")."],
+    ["12. Governing Law. This Agreement is governed by the laws of the", "State of New York, without regard to conflict of laws",
+     "principles. Any dis-", "pute shall be resolved in New York City \u2013 Manhattan."],
+]
+DOC = assemble(
+    [RawPage(lines=[RawLine(text=t) for t in p]) for p in PAGES],
+    doc_id="feedbeef0002", content_sha256="2" * 64, path="agreement.txt", type="text",
+)
+DOCS = {DOC.doc_id: DOC}
+PASSAGES = make_passages(DOC)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Engine.load_tokenizer()  # the default model's; no weights are read
+
+
+@pytest.fixture(scope="module")
+def table(tokenizer):
+    return TokenTable.from_tokenizer(tokenizer)
+
+
+def run(decoder, score, max_tokens=160):
+    """Drive the decoder as Engine.generate does, with `score(step)` standing in for the model."""
+    out = []
+    for step in range(max_tokens):
+        token = decoder(score(step, out), out)
+        if token in decoder.table.stop_ids:
+            break
+        out.append(token)
+    return out
+
+
+def test_token_texts_concatenate_to_the_decoded_text(tokenizer, table):
+    ids = tokenizer.encode('"Either party may terminate" [PAGE:2, LINE:1-2] \u2013 caf\u00e9', add_bos=False)
+    assert "".join(table.texts[i] for i in ids) == tokenizer.decode(ids)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_scores_only_ever_write_verifiable_quotes_under_allowed_labels(tokenizer, table, seed):
+    rng = random.Random(seed)
+    plan = plan_for(PASSAGES, min_quote_chars=rng.choice([12, 20]))
+    g = torch.Generator().manual_seed(seed)
+    vocab = len(table.texts)
+    quote_id, not_id = table.encode('"')[0], table.encode(ABSTAIN)[0]
+    opening = rng.random() < 0.8  # mostly quote, sometimes abstain
+    max_tokens = rng.choice([48, 160])  # a tight limit must still end on a whole label
+
+    def score(step, out):
+        logits = torch.randn(vocab, generator=g)
+        if step == 0:
+            logits[quote_id if opening else not_id] += 50
+        return logits
+
+    decoder = QuoteDecoder(plan, table, max_tokens=max_tokens)
+    out = run(decoder, score, max_tokens)
+    text = tokenizer.decode(out)
+    if not opening:
+        assert text == ABSTAIN and decoder.abstained
+        return
+    spans = parse_citations(text)
+    assert spans and len(spans) == len(decoder.cited) and text.endswith("]"), text
+    by_label = dict(zip(plan.labels, plan.sources))
+    for span, (quote, label) in zip(spans, decoder.cited):
+        assert label in plan.labels
+        assert f"[PAGE:{span.page}, LINE:{span.line_start}-{span.line_end}]" == label
+        assert span.quote == quote
+        # A substring of the cited passage, case included; and the verifier agrees on its own.
+        assert norm_cased(quote) in norm_cased(by_label[label])
+        c = verify(span, DOCS, DOC.doc_id)
+        assert c.verified and not c.relocated, (text, c.note)
+    assert len({label for _, label in decoder.cited}) == len(decoder.cited)  # each passage once
+
+
+def _favouring(table, wants):
+    """Scores that rank the tokens spelling `wants(step)` (strings, most wanted first) on top."""
+    def score(step, out):
+        logits = torch.zeros(len(table.texts))
+        for rank, want in enumerate(wants(step)):
+            for i in table.by_text.get(want, []):
+                logits[i] = 10.0 - rank
+        return logits
+    return score
+
+
+def _script(steps, then):
+    return lambda step: steps[step] if step < len(steps) else then
+
+
+def _label_of(text):
+    (p,) = [p for p in PASSAGES if text in p.text]
+    return p.cite_label()
+
+
+def test_labels_are_restricted_to_the_passages_holding_the_quote(tokenizer, table):
+    plan = plan_for(PASSAGES, min_quote_chars=12)
+    decoder = QuoteDecoder(plan, table)
+    # The model insists on quoting the governing-law clause, then on citing page 9, line 1.
+    script = [['"'], ["State"], [" of"], [" New"], [" York"], ['"'], [" ["], ["PAGE"], [":"], ["9"], [","],
+              [" LINE"], [":"], ["1"], ["]"]]
+    out = run(decoder, _favouring(table, _script(script, ["\n"])), 40)
+    label = _label_of("State of New York")
+    assert tokenizer.decode(out).startswith(f'"State of New York" {label}'), tokenizer.decode(out)
+    assert decoder.cited == [("State of New York", label)]
+
+
+def test_a_quote_cannot_be_closed_before_the_minimum_or_mid_word(tokenizer, table):
+    plan = plan_for(PASSAGES, min_quote_chars=15)
+    decoder = QuoteDecoder(plan, table)
+    # The model wants to close after "State of New" (12 chars), then again mid-word ("Yo").
+    script = [['"'], ["State"], [" of"], [" New"], ['"', " Yo"], ['"', "rk"], ['"', ","], ['"']]
+    out = run(decoder, _favouring(table, _script(script, ['"'])), 40)
+    quote = decoder.cited[0][0]
+    assert quote == "State of New York"
+    assert tokenizer.decode(out).startswith(f'"{quote}" {_label_of(quote)}')
+
+
+def test_abstain_when_the_model_prefers_it(tokenizer, table):
+    decoder = QuoteDecoder(plan_for(PASSAGES), table)
+    # "No" spells the start of "Not found…" but is not the abstain choice: "Not" is.
+    out = run(decoder, _favouring(table, _script([["No", "Not", '"']], ["xyz"])), 40)
+    assert tokenizer.decode(out) == ABSTAIN and decoder.abstained and not decoder.cited
+
+
+def test_a_yes_no_no_does_not_count_as_abstaining(tokenizer, table):
+    decoder = QuoteDecoder(plan_for(PASSAGES), table)
+    run(decoder, _favouring(table, _script([["No", '"', "Not"], ["State"]], ['"'])), 40)
+    assert not decoder.abstained and decoder.cited
+
+
+def test_no_passages_leaves_only_the_abstain_sentence(tokenizer, table):
+    decoder = QuoteDecoder(plan_for([]), table)
+    out = run(decoder, _favouring(table, lambda step: ['"']), 40)
+    assert tokenizer.decode(out) == ABSTAIN
+
+
+def test_quote_mode_answers_are_still_verified_independently():
+    """A scripted quote-mode model that writes a fabricated quote is not shown as supported:
+    the plan shapes decoding, it is not a certificate."""
+    seen = {}
+
+    def fake(messages, plan):
+        seen["plan"] = plan
+        return '"terminate this Agreement at any time" [PAGE:2, LINE:1-3]'
+
+    ans = answer_question("How can it be terminated?", DOCS, PASSAGES, fake, quote=True)
+    assert ans.status == "unsupported" and not any(c.verified for c in ans.citations)
+    assert set(seen["plan"].labels) == {p.cite_label() for p in PASSAGES}
+
+    def honest(messages, plan):
+        return '"may terminate this Agreement for convenience" [PAGE:2, LINE:1-3]'
+
+    ans = answer_question("How can it be terminated?", DOCS, PASSAGES, honest, quote=True)
+    assert ans.status == "answered"
+    (c,) = [c for c in ans.citations if c.verified]
+    assert normalize(c.quote) in normalize(DOC.lines_text(2, c.line_start, c.line_end))
+
+    ans = answer_question("Is there a non-compete?", DOCS, PASSAGES, lambda m, p: ABSTAIN, quote=True)
+    assert ans.status == "not_found"
