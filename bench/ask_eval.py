@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--free-text", action="store_true", help="free-text answers, as before quote-constrained decoding")
+    ap.add_argument("--quote-from", type=int, default=0,
+                    help="quotes from this many best-ranked passages of the context (0: any passage read)")
     args = ap.parse_args()
 
     store = Store(args.db)
@@ -67,7 +69,8 @@ def main() -> int:
         store.add_document(doc)
         ids[rel] = doc.doc_id
     lib = Library(store)
-    settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text)
+    settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text,
+                           quote_from=args.quote_from or None)
     rows = []
     for i, g in enumerate(sample, 1):
         t = time.perf_counter()
@@ -99,7 +102,9 @@ def main() -> int:
         f"Command: `.venv/bin/python bench/ask_eval.py --per-contract {args.per_contract}`"
         + (f" --model {args.model}" if args.model else "") + (" --free-text" if args.free_text else "") + f" (seed {args.seed})",
         f"Model: {rfc.model}; settings: budget {settings.budget_tokens} tokens, max {settings.max_tokens} new tokens, greedy, "
-        + ("quote-constrained answers (pipelines/quote_constraint.py)." if settings.quote else "free-text answers."),
+        + (f"quote-constrained answers (pipelines/quote_constraint.py), quoting from the "
+           f"{settings.quote_from or 'all'} best-ranked passages of the context." if settings.quote
+           else "free-text answers."),
         "",
         "| measure | value |",
         "| --- | --- |",

@@ -88,10 +88,12 @@ def answer_question(
     count_tokens: Callable[[str], int] = approx_tokens,
     evidence_k: int = 5,
     quote: bool = False,
+    quote_from: int | None = None,
 ) -> Answer:
     """Answer `question` from the ranked `passages` of `docs`; `generate=None` gives evidence only.
 
-    `quote`: `generate` is a `QuoteGenerate`, and the answer is the quotes it chose."""
+    `quote`: `generate` is a `QuoteGenerate`, and the answer is the quotes it chose, from the
+    `quote_from` best-ranked passages of its context (None: any of them)."""
     t0 = time.perf_counter()
     evidence = evidence_citations(docs, passages, evidence_k)
     if generate is None:
@@ -100,7 +102,9 @@ def answer_question(
     t1 = time.perf_counter()
     messages = chat_messages(question, ctx)
     # Constrained decoding only shapes what the model can write; the verifier still checks it.
-    raw = generate(messages, plan_for(ctx.passages, with_doc=len(docs) > 1)) if quote else generate(messages)
+    # The model reads every chosen passage; quote_from can limit its quotes to the best-ranked.
+    quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
+    raw = generate(messages, plan_for(quotable, with_doc=len(docs) > 1)) if quote else generate(messages)
     t2 = time.perf_counter()
     answer = check_answer(question, raw, docs, ctx.passages, evidence)
     answer.context_tokens = ctx.tokens
