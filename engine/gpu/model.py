@@ -2,10 +2,11 @@
 
 Weights are plain bf16 tensors (random for benchmarks: speed does not depend on their values).
 The KV cache is time-major per layer, `[capacity, Hkv, D]`, in bf16 or fp8 (e4m3), with
-per-block min/max key descriptors for routing. Attention is either
+per-block min/max/mean key descriptors for routing. Attention is either
 
 - `sparse`: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse.py);
-  prefill runs in chunks whose routing is shared per `route_chunk` queries, decode routes
+  prefill runs in chunks whose routing is shared per `route_chunk` queries (the chunk's last
+  `route_tail` queries routed on their own), decode routes
   each token; or
 - `dense`: PyTorch SDPA over the whole past (the reference the targets are measured against).
 
