@@ -114,7 +114,7 @@ STEPS = 64
 PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "List three prime numbers.",
            "Explain what a contract termination clause is.",
            "Summarise: the supplier shall deliver the goods on the delivery date."]
-# Where the q4 path's greedy text leaves the fp32 path's, the fp32 top two must be this close:
+# Where the q4 argmax differs from the fp32 one (same history), the fp32 top two must be this close:
 # measured flips happened at gaps of 0.005-0.073 (bf16 activations at a near-tie), against
 # logit differences of up to 0.63 elsewhere; a gap of 0.25 is still a near-tie.
 NEAR_TIE_GAP = 0.25
@@ -153,7 +153,7 @@ def teacher_forced(fast, ref, ids):
 
 def test_default_model_decode_matches_fp32(default_models):
     fast, ref = default_models
-    identical = 0
+    flips = 0
     for prompt in PROMPTS:
         steps = teacher_forced(fast, ref, fast.chat_prompt(prompt))
         worst = max((a - b).abs().max().item() for a, b in steps)
@@ -162,14 +162,17 @@ def test_default_model_decode_matches_fp32(default_models):
         # candidates are recomputed in fp32.
         top = steps[0][0].topk(16).indices
         assert (steps[0][0][top] - steps[0][1][top]).abs().max() < 1e-4
-        # Greedy continuations agree as long as every argmax does (same history until then).
-        first = next((i for i, (a, b) in enumerate(steps) if int(a.argmax()) != int(b.argmax())), None)
-        if first is None:
-            identical += 1
-            continue
-        # a flip only at a near-tie of the fp32 logits, to fp32's own second choice
-        top2 = steps[first][0].topk(2)
-        assert (top2.values[0] - top2.values[1]).item() < NEAR_TIE_GAP, (prompt, first, top2.values)
-        assert int(steps[first][1].argmax()) == int(top2.indices[1]), (prompt, first)
-    # measured: 3 of 5 identical over 64 tokens (which ones moves with tiny numeric changes)
-    assert identical >= 3, identical
+        # Teacher forcing gives both paths the same history at every step, so every step is an
+        # independent check (a free-running comparison stops at the first flip and turns one
+        # near-tie into a different text): the q4 argmax may differ only at a near-tie of the
+        # fp32 logits, and then only to fp32's own second choice.
+        for i, (a, b) in enumerate(steps):
+            if int(a.argmax()) == int(b.argmax()):
+                continue
+            flips += 1
+            top2 = a.topk(2)
+            assert (top2.values[0] - top2.values[1]).item() < NEAR_TIE_GAP, (prompt, i, top2.values)
+            assert int(b.argmax()) == int(top2.indices[1]), (prompt, i)
+    # measured: 3 flips in 5 x 64 steps, at fp32 gaps of 0.005-0.017; a bad weight layout or
+    # scale flips far more often (and breaks the logit bound above)
+    assert flips <= len(PROMPTS) * STEPS // 40, flips
