@@ -25,6 +25,7 @@ import torch
 
 from docqa.engine.dense import DenseKVState
 from docqa.engine.generate import Engine
+from docqa.engine.router import Route
 from docqa.engine.settings import EngineSettings
 from docqa.engine.sparse_state import SparseKVState
 
@@ -89,6 +90,28 @@ class RouteRecorder(SparseKVState):
         return out
 
 
+class OracleRouteState(SparseKVState):
+    """Routes the needle's blocks for every kv head, whatever the scores say (they replace the
+    latest-positioned picks: a route keeps no ranks). Separates "the router missed the needle"
+    from "the model, shown the needle through the sparse attention, still cannot read it out"."""
+
+    needle: tuple[int, int] = (0, 0)
+
+    def _route(self, layer, q_route, c_end):
+        r = super()._route(layer, q_route, c_end)
+        b = self.settings.block_size
+        lo, hi = max(r.first, self.needle[0] // b), min(r.end - 1, (self.needle[1] - 1) // b)
+        if hi < lo or r.covered:
+            return r
+        want = torch.arange(lo, hi + 1, device=r.block_idx.device)
+        rows = []
+        for picked in r.block_idx:
+            keep = picked[~torch.isin(picked, want)]
+            keep = keep[: max(0, picked.numel() - want.numel())]
+            rows.append(torch.sort(torch.cat([keep, want]))[0])
+        return Route(torch.stack(rows), r.first, r.end)
+
+
 def diagnose(engine, lines, target, depth, key, settings, device):
     """Fraction of layers' kv heads whose routing (for the final chunk) includes the needle."""
     ids = build_prompt(engine, lines, target, depth, key)
@@ -102,8 +125,11 @@ def diagnose(engine, lines, target, depth, key, settings, device):
 
 
 def run_trial(engine: Engine, ids: list[int], mode: str, settings: EngineSettings,
-              device: str = "cpu") -> tuple[str, float]:
-    if mode == "sparse":
+              device: str = "cpu", needle: tuple[int, int] | None = None) -> tuple[str, float]:
+    if mode == "sparse" and needle is not None:
+        state = OracleRouteState(engine.config, settings, engine.rope, device=device)
+        state.needle = needle
+    elif mode == "sparse":
         state = SparseKVState(engine.config, settings, engine.rope, device=device)
     else:
         state = DenseKVState(engine.config, engine.rope, capacity=len(ids) + 16, device=device)
@@ -120,10 +146,12 @@ def table(path: Path) -> str:
         # Rows measured before route_chunk existed routed once per 512-token prefill chunk.
         # ... and before route_tail existed, without a routing tail.
         routing = (f'{r["positions"]}, {r.get("score", "minmax")}, k={r.get("top_k", 16)}, '
-                   f'r={r.get("route_chunk", 512)}, t={r.get("route_tail", 0)}')
+                   f'r={r.get("route_chunk", 512)}, t={r.get("route_tail", 0)}, w={r.get("window", 1024)}')
+        if r.get("oracle"):
+            routing += ", oracle routing"
         cells[(r["mode"], routing, r["target"])].append(r)
     depths = sorted({r["depth"] for r in rows})
-    out = ["| mode | positions, block score, top_k, route_chunk, route_tail | target tokens | prompt tokens | "
+    out = ["| mode | positions, block score, top_k, route_chunk, route_tail, window | target tokens | prompt tokens | "
            + " | ".join(f"depth {d:g}" for d in depths) + " | passed | s/trial |",
            "| --- " * (len(depths) + 6) + "|"]
     for (mode, pos, target), rs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
@@ -145,7 +173,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="*", default=["dense:2048,4096,8192,16384",
                                                   "sparse:2048,4096,8192,16384,32768"],
-                    help="MODE[/POSITIONS[/SCORE[/TOP_K[/ROUTE_CHUNK[/ROUTE_TAIL]]]]]:LEN,LEN,... with MODE "
+                    help="MODE[/POSITIONS[/SCORE[/TOP_K[/ROUTE_CHUNK[/ROUTE_TAIL[/WINDOW]]]]]]:LEN,LEN,... with MODE "
                          "dense|sparse; empty fields take EngineSettings' defaults")
     ap.add_argument("--depths", default=",".join(map(str, DEPTHS)),
                     help="needle depths, comma-separated (e.g. 0.1,0.3,0.5,0.7,0.9)")
@@ -156,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the engine itself is CPU-first)")
     ap.add_argument("--diagnose", action="store_true",
                     help="for sparse runs, report how often routing picks the needle's blocks")
+    ap.add_argument("--oracle", action="store_true",
+                    help="sparse runs route the needle's blocks for every head (a diagnostic bound)")
     ap.add_argument("--table", action="store_true", help="print the table of --out and exit")
     args = ap.parse_args(argv)
     if args.table:
@@ -176,11 +206,11 @@ def main(argv=None) -> int:
     for spec in args.runs:
         mode_part, lens = spec.split(":")
         mode, *opts = mode_part.split("/")
-        opts += [""] * (5 - len(opts))
+        opts += [""] * (6 - len(opts))
         d = EngineSettings()
         settings = EngineSettings(positions=opts[0] or d.positions, block_score=opts[1] or d.block_score,
                                   top_k=int(opts[2] or d.top_k), route_chunk=int(opts[3] or d.route_chunk),
-                                  route_tail=int(opts[4] or d.route_tail))
+                                  route_tail=int(opts[4] or d.route_tail), window=int(opts[5] or d.window))
         for target in (int(x) for x in lens.split(",")):
             for depth in depths:
                 if args.diagnose and mode == "sparse":
@@ -192,13 +222,19 @@ def main(argv=None) -> int:
                                       "needle_routed_fraction": round(frac, 3)}), flush=True)
                     continue
                 ids = build_prompt(engine, lines, target, depth, keys[depth])
-                answer, secs = run_trial(engine, ids, mode, settings, args.device)
+                needle = None
+                if args.oracle and mode == "sparse":
+                    p = needle_span(engine, lines, target, depth, keys[depth])
+                    needle = (p - 4, p + 24)
+                answer, secs = run_trial(engine, ids, mode, settings, args.device, needle)
                 rec = {"mode": mode, "positions": settings.positions, "score": settings.block_score,
                        "top_k": settings.top_k, "route_chunk": settings.route_chunk,
-                       "route_tail": settings.route_tail, "target": target,
+                       "route_tail": settings.route_tail, "window": settings.window, "target": target,
                        "prompt_tokens": len(ids), "depth": depth, "key": keys[depth],
                        "answer": answer, "ok": keys[depth] in answer.replace(",", ""),
                        "seconds": round(secs, 1), "device": args.device}
+                if needle is not None:
+                    rec["oracle"] = True
                 with args.out.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
                 print(json.dumps(rec), flush=True)

@@ -130,8 +130,7 @@ class SparseKVState:
             q_route = self._rotate(q, q_idx)
         else:  # descriptors are of raw keys: score as if every block sat `window` tokens back
             q_route = self._rotate(q, torch.full((t,), s.window, device=q_idx.device))
-        nb = -(-n // s.block_size)
-        r = route(q_route, *self.cache.descriptors(layer, nb), c_end, s)
+        r = self._route(layer, q_route, c_end)
         self.last_route = r
         self.routed_chunks += 1
         self.uncovered_chunks += not r.covered
@@ -143,6 +142,11 @@ class SparseKVState:
         out_a, lse_a = self._distant_part(layer, q, q_idx, region, r, g)
         out, _ = merge_attention(out_a, lse_a, out_b, lse_b)
         return out
+
+    def _route(self, layer: int, q_route: torch.Tensor, c_end: int) -> Route:
+        """The routing decision; its own method so diagnostics can substitute a known one."""
+        nb = -(-(c_end + 1) // self.settings.block_size)
+        return route(q_route, *self.cache.descriptors(layer, nb), c_end, self.settings)
 
     def _region_part(self, layer, q, q_idx, region, n, block_idx):
         s = self.settings
