@@ -147,6 +147,8 @@ def table(path: Path) -> str:
         # ... and before route_tail existed, without a routing tail.
         routing = (f'{r["positions"]}, {r.get("score", "minmax")}, k={r.get("top_k", 16)}, '
                    f'r={r.get("route_chunk", 512)}, t={r.get("route_tail", 0)}, w={r.get("window", 1024)}')
+        if r.get("route_shared"):
+            routing += f', shared {r["route_shared"]}'
         if r.get("oracle"):
             routing += ", oracle routing"
         cells[(r["mode"], routing, r["target"])].append(r)
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="*", default=["dense:2048,4096,8192,16384",
                                                   "sparse:2048,4096,8192,16384,32768"],
-                    help="MODE[/POSITIONS[/SCORE[/TOP_K[/ROUTE_CHUNK[/ROUTE_TAIL[/WINDOW]]]]]]:LEN,LEN,... with MODE "
+                    help="MODE[/POSITIONS[/SCORE[/TOP_K[/ROUTE_CHUNK[/ROUTE_TAIL[/WINDOW[/SHARED]]]]]]]:LEN,LEN,... with MODE "
                          "dense|sparse; empty fields take EngineSettings' defaults")
     ap.add_argument("--depths", default=",".join(map(str, DEPTHS)),
                     help="needle depths, comma-separated (e.g. 0.1,0.3,0.5,0.7,0.9)")
@@ -206,11 +208,12 @@ def main(argv=None) -> int:
     for spec in args.runs:
         mode_part, lens = spec.split(":")
         mode, *opts = mode_part.split("/")
-        opts += [""] * (6 - len(opts))
+        opts += [""] * (7 - len(opts))
         d = EngineSettings()
         settings = EngineSettings(positions=opts[0] or d.positions, block_score=opts[1] or d.block_score,
                                   top_k=int(opts[2] or d.top_k), route_chunk=int(opts[3] or d.route_chunk),
-                                  route_tail=int(opts[4] or d.route_tail), window=int(opts[5] or d.window))
+                                  route_tail=int(opts[4] or d.route_tail), window=int(opts[5] or d.window),
+                                  route_shared=int(opts[6] or d.route_shared))
         for target in (int(x) for x in lens.split(",")):
             for depth in depths:
                 if args.diagnose and mode == "sparse":
@@ -229,7 +232,8 @@ def main(argv=None) -> int:
                 answer, secs = run_trial(engine, ids, mode, settings, args.device, needle)
                 rec = {"mode": mode, "positions": settings.positions, "score": settings.block_score,
                        "top_k": settings.top_k, "route_chunk": settings.route_chunk,
-                       "route_tail": settings.route_tail, "window": settings.window, "target": target,
+                       "route_tail": settings.route_tail, "window": settings.window,
+                       "route_shared": settings.route_shared, "target": target,
                        "prompt_tokens": len(ids), "depth": depth, "key": keys[depth],
                        "answer": answer, "ok": keys[depth] in answer.replace(",", ""),
                        "seconds": round(secs, 1), "device": args.device}

@@ -107,9 +107,10 @@ class Engine:
 
     def new_sparse_state(self, settings: EngineSettings | None = None) -> KVState:
         """The sparse three-layer state on the engine's device: the Triton kernels on CUDA where
-        they serve the settings (true positions), else the PyTorch reference state."""
+        they serve the settings (true positions, per-head routing), else the PyTorch reference state."""
         settings = settings or EngineSettings()
-        if self.device.type == "cuda" and settings.positions == "true" and has_triton():
+        triton_serves = settings.positions == "true" and not settings.route_shared
+        if self.device.type == "cuda" and triton_serves and has_triton():
             from .gpu.state import TritonKVState
 
             return TritonKVState(self.config, settings, self.rope, device=self.device)

@@ -74,4 +74,23 @@ def route(
         idx = torch.arange(first, end, device=q.device).expand(hkv, -1)
         return Route(idx, first, end)
     scores = naive_block_scores(q, kmin[:end], kmax[:end], kmean[:end], settings.block_score)
+    if settings.route_shared:
+        return Route(shared_topk_blocks(scores, settings.top_k, settings.route_shared, first, end), first, end)
     return Route(naive_topk_blocks(scores, settings.top_k, first, end), first, end)
+
+
+def shared_topk_blocks(scores: torch.Tensor, top_k: int, shared: int, first: int, end: int) -> torch.Tensor:
+    """top_k blocks per kv head, `shared` of them common to all heads.
+
+    The common ones are the blocks that stand out most for some head: scores are standardised
+    per head over the candidates (heads' scales differ), then maxed over heads. Each head fills
+    the rest with its own best blocks. Returns LongTensor [Hkv, top_k] sorted ascending.
+    """
+    cand = scores[:, first:end].float()
+    z = (cand - cand.mean(1, keepdim=True)) / cand.std(1, keepdim=True).clamp_min(1e-6)
+    common = z.amax(0).topk(shared).indices + first  # [shared]
+    rest = scores.float().clone()
+    rest[:, common] = float("-inf")
+    own = naive_topk_blocks(rest, top_k - shared, first, end)
+    both = torch.cat([common.expand(scores.shape[0], -1), own], dim=1)
+    return both.sort(dim=1).values

@@ -33,6 +33,11 @@ class EngineSettings:
     # prompt's final chunk these are the question and the answer prefix, which otherwise share
     # the routing of hundreds of document queries; one extra routing per chunk. 0 = off.
     route_tail: int = 16
+    # Of the top_k blocks, route_shared are read by every kv head of the layer: the blocks some
+    # head singles out most clearly (per-head standardised scores, max over heads). A needle
+    # that one head finds is then read by all of them (bench/results/passkey.md: with the
+    # needle's blocks forced into every head, 4/5 at 16K instead of 2/5). 0 = per head only.
+    route_shared: int = 0
     # Positions that distant (routed) blocks get, so contexts longer than the model's trained
     # length stay inside the positions it knows:
     #   true   - every key at its real position (exact, but distances grow without bound)
@@ -54,7 +59,7 @@ class EngineSettings:
         assert self.block_size > 0 and self.window > 0 and self.top_k >= 0 and self.sink_tokens >= 0
         assert self.segment_size % self.block_size == 0, "segments hold whole blocks"
         assert self.chunk_size > 0 and self.route_chunk > 0 and self.live_segments >= 0
-        assert self.route_tail >= 0
+        assert self.route_tail >= 0 and 0 <= self.route_shared <= self.top_k
         assert self.kv_dtype in ("float32", "bfloat16", "float16"), self.kv_dtype
 
     @property
@@ -71,7 +76,7 @@ class EngineSettings:
         """
         fields = asdict(self)
         for runtime_only in (
-            "chunk_size", "route_chunk", "route_tail", "dense_below", "live_segments", "attention", "top_k", "window", "sink_tokens",
+            "chunk_size", "route_chunk", "route_tail", "route_shared", "dense_below", "live_segments", "attention", "top_k", "window", "sink_tokens",
             "block_score",
         ):
             fields.pop(runtime_only)

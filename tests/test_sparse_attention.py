@@ -193,3 +193,29 @@ def test_tail_keeps_sparse_equal_to_dense_when_budget_covers():
     out = feed(st, q, k, v, CHUNKS)
     assert st.routed_chunks > len(CHUNKS) and st.exact
     assert rel_err(out, fp64_dense(q, k, v, rope)) < 1e-5
+
+
+def test_shared_routing_gives_every_head_the_block_one_head_singles_out():
+    """Head 1 alone sees block 10 match its queries; with route_shared every head reads it,
+    per-head routing leaves head 0 without it. The attention over the routed blocks still
+    equals the masked dense reference (fp64) for the blocks chosen."""
+    n = 400
+    q, k, v = qkv(n, seed=3)
+    k = k * 0.1
+    k[160:176, 1] = q[399, 3:6].mean(0) * 3  # kv head 1 (query heads 3..5) only
+    per_head = SparseKVState(CFG, EngineSettings(top_k=2, positions="packed", **SMALL), Rope(CFG))
+    feed(per_head, q[:399], k[:399], v[:399], [399])
+    per_head.attend(0, q[399:], k[399:], v[399:], torch.tensor([399]))
+    assert 10 not in per_head.last_route.block_idx[0].tolist()
+    assert 10 in per_head.last_route.block_idx[1].tolist()
+
+    shared = SparseKVState(CFG, EngineSettings(top_k=2, route_shared=1, positions="true", **SMALL), Rope(CFG))
+    feed(shared, q[:399], k[:399], v[:399], [399])
+    out = shared.attend(0, q[399:], k[399:], v[399:], torch.tensor([399]))
+    idx = shared.last_route.block_idx
+    assert all(10 in row for row in idx.tolist()) and idx.shape == (2, 2)
+    assert all(len(set(row)) == 2 for row in idx.tolist())  # the own pick is another block
+    rope, st = Rope(CFG), shared.settings
+    kr, qr = rope.apply(k, torch.arange(n)), rope.apply(q[399:], torch.tensor([399]))
+    ref, _ = naive_sparse_attention(qr, kr, v, 399, idx, st.block_size, st.sink_tokens, st.window)
+    assert rel_err(out, ref) < 1e-5
