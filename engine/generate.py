@@ -20,7 +20,7 @@ from .rope import Rope
 from .sampling import sample
 from .settings import EngineSettings
 from .sparse_state import SparseKVState
-from .tokenizer import Tokenizer
+from .tokenizer import TextStream, Tokenizer
 
 
 @dataclass
@@ -160,7 +160,7 @@ class Engine:
                     sample(logits, temperature=temperature, top_p=top_p, generator=generator))
         t1 = time.perf_counter()
 
-        text = ""
+        stream = TextStream(self.tokenizer)
         reason = "length"
         while True:
             if token in stops:
@@ -168,13 +168,7 @@ class Engine:
                 break
             out.append(token)
             if on_token is not None:
-                full = self.tokenizer.decode(out)
-                # A trailing U+FFFD means the last token ended mid-character: wait for the rest.
-                if full.endswith("\ufffd"):
-                    on_token(token, "")
-                else:
-                    on_token(token, full[len(text):])
-                    text = full
+                on_token(token, stream.push(token))
             if len(out) >= max_new_tokens:
                 break
             logits = self.model(torch.tensor([token], dtype=torch.long, device=self.device), state,

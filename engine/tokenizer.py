@@ -153,6 +153,33 @@ class Tokenizer:
                    extra_stop_ids=_chat_end_ids(tok))
 
 
+class TextStream:
+    """Text deltas of a growing list of generated ids, for streaming to a terminal.
+
+    Decoding all ids again for every new token costs O(n) per token; this decodes a short tail
+    instead: the ids from the last point where the text was complete. The tail is decoded
+    twice (with and without the newest ids) and the difference is the delta, so decoders that
+    treat a sequence's first token specially (a leading space dropped) agree on both sides.
+    A delta is held back ("") while the newest ids end inside a multi-byte character; the
+    deltas joined are the text of all ids (tests/test_engine_generate.py).
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.start = 0  # decoding starts here: the text before it is final
+        self.shown = 0  # ids up to here have been turned into text already
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        done = self.tokenizer.decode(self.ids[self.start:self.shown])
+        now = self.tokenizer.decode(self.ids[self.start:])
+        if now.endswith("\ufffd"):
+            return ""
+        self.start, self.shown = self.shown, len(self.ids)
+        return now[len(done):]
+
+
 def _chat_end_ids(tok: HFTokenizer) -> tuple[int, ...]:
     """End-of-turn tokens of the common chat formats: generation must stop there even when the
     file's eos is another token (Llama 3's <|eot_id|>, ChatML's <|im_end|>)."""

@@ -173,3 +173,24 @@ def test_cli_check_and_bench_on_tiny(tiny_dir):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert set(out["prefill"]) == {"512", "2048"} and out["decode_tok_s"] > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_text_stream_deltas_join_to_the_full_decode(seed):
+    """Streamed deltas equal decoding everything at once: multi-byte characters split over
+    byte tokens, leading spaces, and random ids (invalid byte runs included)."""
+    from docqa.engine.checkpoint import open_checkpoint
+    from docqa.engine.default_model import default_model_path
+    from docqa.engine.tokenizer import TextStream, Tokenizer
+
+    tok = Tokenizer.from_gguf_metadata(open_checkpoint(default_model_path()).metadata)
+    text = "Déjà vu: 合同终止 🙂 naïve —  two  spaces\n\tend"
+    g = torch.Generator().manual_seed(seed)
+    for ids in (tok.encode(text, add_bos=False),
+                torch.randint(0, tok.vocab_size, (200,), generator=g).tolist()):
+        stream = TextStream(tok)
+        deltas = [stream.push(i) for i in ids]
+        assert "".join(deltas) == tok.decode(ids)
+    # in the text, a character spread over several byte tokens waits for its last byte
+    stream = TextStream(tok)
+    assert "" in [stream.push(i) for i in tok.encode(text, add_bos=False)]
