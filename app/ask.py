@@ -6,6 +6,7 @@ them is how tokens are shown (`on_token`) and which job a run belongs to.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -13,12 +14,15 @@ from dataclasses import asdict, dataclass
 from ..pipelines.document import Document
 from ..pipelines.passages import Passage
 from ..pipelines.context import READ_ALL_PROMPT, document_for_model
-from ..pipelines.qa import Generate, answer_question, check_answer, evidence_citations
+from ..pipelines.qa import Generate, answer_question, check_answer, evidence_citations, subject_words
 from ..pipelines.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
 from ..pipelines.retrieval import retrieve
 from .errors import DocqaError
 from .runs import Run, save_run
 from .store import Store
+
+
+ABSTAIN_MARGIN = 0.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,17 @@ class AskSettings:
     # Quotes from only this many best-ranked passages (None: any passage read). Measured at 3:
     # the gold page among the answer's citations 7/18, as with None (bench/results/ask.md).
     quote_from: int | None = None
+    # Abstention (bench/results/ask.md). The model quotes only when its log-odds of opening a
+    # quote over "Not found in the document." exceed `abstain_margin` (0: its bare preference).
+    abstain_margin: float = ABSTAIN_MARGIN
+    # An answer none of whose verified quotes names the question's subject is withheld as
+    # "not found", with the evidence shown (pipelines.qa.on_subject).
+    subject_check: bool = True
+
+
+# Passages retrieved per question: the context reads the first `AskSettings.passages`, the
+# evidence shows the best passage of each of the first `AskSettings.evidence` distinct pages.
+EVIDENCE_POOL = 40
 
 
 class Library:
@@ -61,6 +76,10 @@ class Library:
 
     def fts(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
         hits = self.store.search("", doc_ids, limit, unit="passages", match=expression)
+        return [(h.doc_id, h.index, h.bm25) for h in hits]
+
+    def page_fts(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
+        hits = self.store.search("", doc_ids, limit, unit="pages", match=expression)
         return [(h.doc_id, h.index, h.bm25) for h in hits]
 
 
@@ -93,7 +112,8 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
         system = next((m["content"] for m in messages if m["role"] == "system"), None)
         user = "\n\n".join(m["content"] for m in messages if m["role"] == "user")
         ids = engine.chat_prompt(user, system=system)
-        decoder = QuoteDecoder(plan, token_table(engine), max_tokens=settings.max_tokens) if plan is not None else None
+        decoder = (QuoteDecoder(plan, token_table(engine), max_tokens=settings.max_tokens,
+                                abstain_margin=settings.abstain_margin) if plan is not None else None)
         result = engine.generate(
             ids,
             max_new_tokens=settings.max_tokens,
@@ -102,6 +122,7 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
             choose=decoder,
         )
         generate.result = result
+        generate.quote_margin = decoder.quote_margin if decoder is not None else None
         return result.text
 
     return generate
@@ -175,7 +196,10 @@ def ask(
     t0 = time.perf_counter()
     library = library or Library(store)
     docs, passages = library.load(refs)
-    ranked = retrieve(query or question, docs, passages, fts=library.fts, k=settings.passages)
+    # Enough passages that the evidence can show `settings.evidence` distinct pages; the
+    # context reads the first `settings.passages` of them.
+    ranked = retrieve(query or question, docs, passages, fts=library.fts, page_fts=library.page_fts,
+                      k=max(settings.passages, EVIDENCE_POOL))
     t1 = time.perf_counter()
     generate = None
     model_name = None
@@ -193,19 +217,23 @@ def ask(
         (doc,) = docs.values()
         raw, engine_timings = read_all_answer(engine, doc, question, settings, on_token)
         evidence = evidence_citations(docs, ranked, settings.evidence)
-        answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence)
+        answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence,
+                              subject=subject_words(question) if settings.subject_check else None)
         answer.timings.update(engine_timings)
     else:
         answer = answer_question(
             question, docs, ranked, generate,
             budget_tokens=settings.budget_tokens, evidence_k=settings.evidence, quote=settings.quote,
-            quote_from=settings.quote_from, **kwargs,
+            quote_from=settings.quote_from, read_k=settings.passages, subject_check=settings.subject_check, **kwargs,
         )
     timings = dict(answer.timings, retrieve_s=t1 - t0, load_model_s=t2 - t1)
     result = getattr(generate, "result", None)
     if result is not None and not settings.read_all:
         timings.update(prefill_s=result.prefill_s, decode_s=result.decode_s,
                        prompt_tokens=float(result.prompt_tokens), generated_tokens=float(len(result.token_ids)))
+        margin = getattr(generate, "quote_margin", None)
+        if margin is not None and math.isfinite(margin):  # kept for audit and for tuning the rule
+            timings["quote_margin"] = margin
     timings["total_s"] = time.perf_counter() - t0
     answer = answer.model_copy(update={"timings": timings})
     return save_run(

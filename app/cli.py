@@ -249,6 +249,14 @@ def ask(
     ] = False,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
     budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = 1600,
+    abstain_margin: Annotated[
+        Optional[float], typer.Option("--abstain-margin", help="Quote only when the model's log-odds of quoting over "
+                                      "'Not found in the document.' exceed this [default: see README]")
+    ] = None,
+    subject_check: Annotated[
+        bool, typer.Option("--subject-check/--no-subject-check", help="Withhold an answer whose quotes share no "
+                           "word with the question's subject (shown as not found, with the evidence).")
+    ] = True,
     device: Annotated[
         Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")
     ] = None,
@@ -270,8 +278,10 @@ def ask(
     *refs, question = args
     if not question.strip():
         raise typer.BadParameter("the question is empty")
+    margin = {} if abstain_margin is None else {"abstain_margin": abstain_margin}
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
-                           budget_tokens=budget, read_all=read_all, quote=not free_text, device=device)
+                           budget_tokens=budget, read_all=read_all, quote=not free_text, device=device,
+                           subject_check=subject_check, **margin)
     stream = err.is_terminal and not as_json
 
     def on_token(delta: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import time
@@ -40,6 +41,60 @@ def recheck(doc, c) -> bool:
     return normalize(c.quote) in normalize(text)
 
 
+def _auc(pos: list[float], neg: list[float]) -> float:
+    """P(an answerable question's margin > an unanswerable one's): 0.5 is no signal."""
+    return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / max(1, len(pos) * len(neg))
+
+
+def _with_margin(rows, t: float) -> tuple[int, int]:
+    """(answerable kept, unanswerable abstained) had the product abstained at margin <= t: the
+    first decoding step is the only one the margin changes, so the rest is as observed."""
+    kept = sum(r["status"] == "answered" and r["margin"] > t for r in rows if r["answerable"])
+    abstained = sum(r["status"] != "answered" or r["margin"] <= t for r in rows if not r["answerable"])
+    return kept, abstained
+
+
+def margin_check(rows) -> list[str]:
+    """How well the model's quote-vs-abstain margin separates answerable from unanswerable
+    questions, per contract, and a leave-one-contract-out choice of a threshold: the one that
+    maximises (share of answerable kept + share of unanswerable abstained) on two contracts
+    (0, the default, on ties), scored on the third."""
+    rows = [r for r in rows if r["margin"] is not None]
+    docs = sorted({r["doc"] for r in rows})
+
+    def share(rs, t):
+        kept, abstained = _with_margin(rs, t)
+        return kept / max(1, sum(r["answerable"] for r in rs)) + abstained / max(1, sum(not r["answerable"] for r in rs))
+
+    lines = [("| contract | answerable / unanswerable | AUC of the margin | threshold chosen on the other two "
+              "| held out: kept / abstained at that threshold | held out at 0 (default) |"),
+             "| --- | --- | --- | --- | --- | --- |"]
+    for d in docs + [None]:
+        test = [r for r in rows if d is None or r["doc"] == d]
+        na, nu = sum(r["answerable"] for r in test), sum(not r["answerable"] for r in test)
+        auc = _auc([r["margin"] for r in test if r["answerable"]], [r["margin"] for r in test if not r["answerable"]])
+        if d is None:
+            k0, a0 = _with_margin(test, 0.0)
+            lines.append(f"| all | {na} / {nu} | {auc:.2f} | | | {k0}/{na} / {a0}/{nu} |")
+            continue
+        train = [r for r in rows if r["doc"] != d]
+        t = max([0.0] + sorted({r["margin"] for r in train}), key=lambda t: (share(train, t), -t))
+        k, a = _with_margin(test, t)
+        k0, a0 = _with_margin(test, 0.0)
+        lines.append(f"| {Path(d).stem} | {na} / {nu} | {auc:.2f} | {t:.2f} | {k}/{na} / {a}/{nu} | {k0}/{na} / {a0}/{nu} |")
+    return lines
+
+
+def _statuses(rows) -> str:
+    out = []
+    for s in ("answered", "not_found", "unsupported"):
+        n = sum(r["status"] == s for r in rows)
+        whys = sorted({r["why"] for r in rows if r["status"] == s and r["why"]})
+        detail = " (" + ", ".join(f"{w} {sum(r['why'] == w for r in rows)}" for w in whys) + ")" if whys else ""
+        out.append(f"{s} {n}{detail}")
+    return ", ".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-contract", type=int, default=8, help="questions per contract (half unanswerable when possible)")
@@ -50,18 +105,28 @@ def main() -> int:
     ap.add_argument("--free-text", action="store_true", help="free-text answers, as before quote-constrained decoding")
     ap.add_argument("--quote-from", type=int, default=0,
                     help="quotes from this many best-ranked passages of the context (0: any passage read)")
+    ap.add_argument("--abstain-margin", type=float, default=None, help="AskSettings.abstain_margin (default: the product's)")
+    ap.add_argument("--all", action="store_true", help="every gold question instead of --per-contract's sample")
+    ap.add_argument("--no-subject-check", action="store_true", help="keep answers whose quotes miss the subject")
+    ap.add_argument("--margins-from", type=Path, default=None,
+                    help="only print the margin table from the per-question rows (.jsonl) an earlier run wrote beside --out")
     args = ap.parse_args()
+    if args.margins_from:
+        print("\n".join(margin_check([json.loads(line) for line in args.margins_from.open()])))
+        return 0
 
     store = Store(args.db)
     gold = [json.loads(line) for line in open(CORPUS / "qa" / "cuad_gold_subset_3contracts.jsonl")]
     rng = random.Random(args.seed)
     sample = []
-    for f in sorted({g["doc_file"] for g in gold}):
+    for f in sorted({g["doc_file"] for g in gold}) if not args.all else ():
         rows = [g for g in gold if g["doc_file"] == f]
         ans = [g for g in rows if g["has_answer"] and any(s["pdf_pages_1based"] for s in g["gold_spans"])]
         una = [g for g in rows if not g["has_answer"]]
         k_una = min(len(una), args.per_contract // 3)
         sample += rng.sample(ans, args.per_contract - k_una) + rng.sample(una, k_una)
+    if args.all:  # every answerable question with gold pages, and every unanswerable one
+        sample = [g for g in gold if not g["has_answer"] or any(s["pdf_pages_1based"] for s in g["gold_spans"])]
     paths = {g["doc_file"] for g in sample} | {"html/rfc9110_HTTP_Semantics.html"}
     ids = {}
     for rel in sorted(paths):
@@ -69,8 +134,9 @@ def main() -> int:
         store.add_document(doc)
         ids[rel] = doc.doc_id
     lib = Library(store)
+    margin = {} if args.abstain_margin is None else {"abstain_margin": args.abstain_margin}
     settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text,
-                           quote_from=args.quote_from or None)
+                           quote_from=args.quote_from or None, subject_check=not args.no_subject_check, **margin)
     rows = []
     for i, g in enumerate(sample, 1):
         t = time.perf_counter()
@@ -79,14 +145,22 @@ def main() -> int:
         doc = lib.load([ids[g["doc_file"]]])[0][ids[g["doc_file"]]]
         shown = [c for c in run.citations if c.verified]
         gold_pages = {p for s in g["gold_spans"] for p in (s["pdf_pages_1based"] or [])}
+        raw = (run.raw_answer or "").strip()
+        # Why an answer is "not found": the model chose the abstain sentence, or it quoted and
+        # the subject check withheld the quotes (they stay in raw_answer).
+        why = "" if run.status != "not_found" else ("model" if raw.startswith("Not found") else "subject check")
         rows.append(dict(
-            category=g["category"], answerable=g["has_answer"], status=run.status,
+            category=g["category"], answerable=g["has_answer"], status=run.status, why=why,
+            margin=run.timings.get("quote_margin"), doc=g["doc_file"],
             shown=len(shown), rechecked=sum(recheck(doc, c) for c in shown),
             gold_hit=bool(gold_pages & {c.page for c in shown}),
+            # What the subject check cost: did a withheld answer quote a gold page?
+            withheld_gold_hit=why == "subject check" and bool(gold_pages & {int(n) for n in re.findall(r"\[PAGE:(\d+)", raw)}),
             evidence_hit=bool(gold_pages & {c.page for c in run.evidence}),
             wall=wall, prompt_tokens=run.timings.get("prompt_tokens"), answer=(run.answer or "")[:160],
         ))
-        print(f"[{i}/{len(sample)}] {g['category']:<32} {run.status:<12} shown={len(shown)} {wall:5.1f}s", file=sys.stderr, flush=True)
+        print(f"[{i}/{len(sample)}] {g['category']:<32} {run.status:<12} {why:<13} shown={len(shown)} "
+              f"margin={rows[-1]['margin']} {wall:5.1f}s", file=sys.stderr, flush=True)
 
     rfc_q = "Which status code means the origin server did not find a current representation for the target resource?"
     t = time.perf_counter()
@@ -99,35 +173,51 @@ def main() -> int:
     lines = [
         "# `docqa ask` with the default model on CUAD questions",
         "",
-        f"Command: `.venv/bin/python bench/ask_eval.py --per-contract {args.per_contract}`"
-        + (f" --model {args.model}" if args.model else "") + (" --free-text" if args.free_text else "") + f" (seed {args.seed})",
+        "Command: `.venv/bin/python bench/ask_eval.py " + ("--all" if args.all else f"--per-contract {args.per_contract}")
+        + (f" --model {args.model}" if args.model else "") + (" --free-text" if args.free_text else "")
+        + (f" --abstain-margin {args.abstain_margin}" if args.abstain_margin is not None else "")
+        + (" --no-subject-check" if args.no_subject_check else "") + f"` (seed {args.seed})",
         f"Model: {rfc.model}; settings: budget {settings.budget_tokens} tokens, max {settings.max_tokens} new tokens, greedy, "
         + (f"quote-constrained answers (pipelines/quote_constraint.py), quoting from the "
-           f"{settings.quote_from or 'all'} best-ranked passages of the context." if settings.quote
-           else "free-text answers."),
+           f"{settings.quote_from or 'all'} best-ranked passages of the context" if settings.quote
+           else "free-text answers")
+        + f"; abstain margin {settings.abstain_margin}, subject check {'on' if settings.subject_check else 'off'}.",
         "",
         "| measure | value |",
         "| --- | --- |",
         f"| questions (answerable / unanswerable) | {len(rows)} ({len(ans)} / {len(una)}) |",
         f"| answerable: answers with ≥ 1 verified citation | {sum(r['status'] == 'answered' for r in ans)}/{len(ans)} |",
         f"| answerable: gold page among the answer's verified citations | {sum(r['gold_hit'] for r in ans)}/{len(ans)} |",
+        (f"| answerable: answers withheld by the subject check that had quoted a gold page | "
+         f"{sum(r['withheld_gold_hit'] for r in ans)}/{sum(r['why'] == 'subject check' for r in ans)} |"),
         f"| answerable: gold page among the evidence shown | {sum(r['evidence_hit'] for r in ans)}/{len(ans)} |",
         f"| shown (verified) citations that re-check against the source lines | {sum(r['rechecked'] for r in rows)}/{shown} |",
-        "| unanswerable: status | " + ", ".join(f"{s} {sum(r['status'] == s for r in una)}" for s in ("answered", "not_found", "unsupported")) + " |",
+        "| answerable: status | " + _statuses(ans) + " |",
+        "| unanswerable: status | " + _statuses(una) + " |",
+        (f"| answerable kept (answered) / unanswerable abstained (not found) | "
+         f"{sum(r['status'] == 'answered' for r in ans)}/{len(ans)} / {sum(r['status'] == 'not_found' for r in una)}/{len(una)} |"),
         f"| wall time per question, median / max (s) | {statistics.median(r['wall'] for r in rows):.1f} / {max(r['wall'] for r in rows):.1f} |",
         "",
         f"RFC 9110 (HTML): \"{rfc_q}\" → status {rfc.status}; citations: "
         + (", ".join(c.label() for c in rfc.citations if c.verified) or "none verified")
         + "; top evidence: " + ", ".join(c.label() for c in rfc.evidence[:3]) + f"; {rfc_wall:.1f} s",
         "",
-        "| category | gold? | status | shown | re-checked | gold page cited | s | answer (start) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "The model's first-step margin (log-odds of opening a quote over \"Not found\") as an abstention signal:",
+        "",
+        *margin_check(rows),
+        "",
+        "| category | gold? | status | quote margin | shown | re-checked | gold page cited | s | answer (start) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        lines.append(f"| {r['category']} | {'yes' if r['answerable'] else 'no'} | {r['status']} | {r['shown']} | {r['rechecked']} | "
+        status = r["status"] + (f" ({r['why']})" if r["why"] else "")
+        margin = "" if r["margin"] is None else f"{r['margin']:.2f}"
+        lines.append(f"| {r['category']} | {'yes' if r['answerable'] else 'no'} | {status} | {margin} | {r['shown']} | {r['rechecked']} | "
                      f"{'yes' if r['gold_hit'] else ''} | {r['wall']:.1f} | {r['answer'].replace('|', '/').replace(chr(10), ' ')[:90]} |")
     text = "\n".join(lines) + "\n"
     print(text)
+    if args.out:
+        Path(args.out).with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if args.out:
         Path(args.out).write_text(text)
     return 0

@@ -21,6 +21,7 @@ from .citations import Citation, cite_lines, find_quote, parse_citations, reloca
 from .context import BuiltContext, approx_tokens, build_context, chat_messages
 from .document import Document
 from .passages import Passage
+from .query import analyze, content_words, expand, quoted_phrases, stem
 from .quote_constraint import QuotePlan, plan_for
 from .textnorm import normalize
 
@@ -31,6 +32,7 @@ QuoteGenerate = Callable[[list[dict[str, str]], QuotePlan], str]
 Status = Literal["answered", "unsupported", "evidence_only", "not_found"]
 
 NOT_FOUND = "not found in the document"
+NOT_FOUND_ANSWER = "Not found in the document."
 
 
 class Answer(BaseModel):
@@ -47,11 +49,26 @@ class Answer(BaseModel):
 
 
 def evidence_citations(docs: Mapping[str, Document], passages: list[Passage], k: int) -> list[Citation]:
+    """The best-ranked passage of each of the first `k` distinct pages (sections for HTML):
+    a reader checks evidence page by page, and five passages of one page show one place."""
     out = []
-    for p in passages[:k]:
+    for p in distinct_pages(passages, k):
         doc = docs[p.doc_id]
         c = cite_lines(doc, p.page, p.line_start, p.line_end)
         out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
+    return out
+
+
+def distinct_pages(passages: list[Passage], k: int) -> list[Passage]:
+    seen: set[tuple[str, int, str | None]] = set()
+    out = []
+    for p in passages:
+        key = (p.doc_id, p.page, p.label)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+            if len(out) == k:
+                break
     return out
 
 
@@ -78,6 +95,34 @@ def _mechanical_citations(answer: str, docs: Mapping[str, Document], passages: l
     return out
 
 
+# Prefixes that a hyphen splits off ("Non-Compete", "Post-Termination"): alone they name nothing.
+_AFFIXES = frozenset({"non", "anti", "post", "pre", "co", "sub", "self", "multi", "cross"})
+
+
+def subject_words(question: str) -> frozenset[str] | None:
+    """Stems of the words that name what `question` asks about: its quoted subject ("Non-
+    Compete"), else its content words, plus the words the thesaurus says clauses on that
+    subject are drafted with. None where no such test applies: questions about a contract's
+    title, parties or date are answered by its opening words, which need not name them."""
+    q = analyze(question)
+    quoted = quoted_phrases(q.text)
+    subject = " ".join(quoted) if quoted else q.text
+    # Judged on the subject alone: "other parties" in a description is not a question about
+    # who the parties are.
+    if analyze(subject).preamble:
+        return None
+    words = set(content_words(subject))
+    for phrase in expand(normalize(subject)):
+        words.update(content_words(phrase))
+    return frozenset(stem(w) for w in words - _AFFIXES) or None
+
+
+def on_subject(quote: str, subject: frozenset[str] | None) -> bool:
+    """Whether a quote names the subject at all: a clause that shares no word with what was
+    asked (nor with how such clauses are drafted) cannot be shown to answer it."""
+    return subject is None or bool(subject & {stem(w) for w in content_words(quote)})
+
+
 def answer_question(
     question: str,
     docs: Mapping[str, Document],
@@ -89,16 +134,22 @@ def answer_question(
     evidence_k: int = 5,
     quote: bool = False,
     quote_from: int | None = None,
+    read_k: int | None = None,
+    subject_check: bool = False,
 ) -> Answer:
     """Answer `question` from the ranked `passages` of `docs`; `generate=None` gives evidence only.
 
     `quote`: `generate` is a `QuoteGenerate`, and the answer is the quotes it chose, from the
-    `quote_from` best-ranked passages of its context (None: any of them)."""
+    `quote_from` best-ranked passages of its context (None: any of them). `read_k`: the
+    context is built from the first `read_k` passages only (None: all); evidence draws on all,
+    so it can show `evidence_k` distinct pages. `subject_check`: an answer none of whose
+    verified quotes names the question's subject (`on_subject`) is withheld as not found."""
     t0 = time.perf_counter()
     evidence = evidence_citations(docs, passages, evidence_k)
     if generate is None:
         return Answer(question=question, status="evidence_only", answer=None, evidence=evidence)
-    ctx: BuiltContext = build_context(question, docs, passages, budget_tokens=budget_tokens, count_tokens=count_tokens)
+    ctx: BuiltContext = build_context(question, docs, passages[:read_k] if read_k else passages,
+                                      budget_tokens=budget_tokens, count_tokens=count_tokens)
     t1 = time.perf_counter()
     messages = chat_messages(question, ctx)
     # Constrained decoding only shapes what the model can write; the verifier still checks it.
@@ -106,17 +157,21 @@ def answer_question(
     quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
     raw = generate(messages, plan_for(quotable, with_doc=len(docs) > 1)) if quote else generate(messages)
     t2 = time.perf_counter()
-    answer = check_answer(question, raw, docs, ctx.passages, evidence)
+    answer = check_answer(question, raw, docs, ctx.passages, evidence,
+                          subject=subject_words(question) if subject_check else None)
     answer.context_tokens = ctx.tokens
     answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1)
     return answer
 
 
 def check_answer(
-    question: str, raw: str, docs: Mapping[str, Document], read: list[Passage], evidence: list[Citation]
+    question: str, raw: str, docs: Mapping[str, Document], read: list[Passage], evidence: list[Citation],
+    *, subject: frozenset[str] | None = None,
 ) -> Answer:
     """Verify a model's answer: rewrite verified citations to their labels, mark the rest,
-    add mechanical citations for sentences copied from the passages the model `read`."""
+    add mechanical citations for sentences copied from the passages the model `read`. With
+    `subject` (`subject_words`), an answer whose verified quotes all miss the subject is
+    "not found": the words are on the page, but nothing shows they answer the question."""
     default_doc = next(iter(docs)) if len(docs) == 1 else None
     shown, citations = [], []
     pos = 0
@@ -136,10 +191,14 @@ def check_answer(
         citations += _mechanical_citations(raw, docs, read)
     verified = [c for c in citations if c.verified]
     common = dict(question=question, raw_answer=raw, citations=citations, evidence=evidence)
+    if verified and not any(on_subject(c.quote, subject) for c in verified):
+        # Withheld, not hidden: the model's answer stays in raw_answer for audit.
+        common.update(citations=[])
+        return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
     if verified:
         return Answer(status="answered", answer=text, **common)
     if NOT_FOUND in normalize(raw):
-        return Answer(status="not_found", answer="Not found in the document.", **common)
+        return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
     return Answer(status="unsupported", answer=None, **common)
 
 

@@ -159,9 +159,14 @@ def expand(text_norm: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def quoted_phrases(text: str) -> list[str]:
+    """Phrases in double quotes: how a checklist names its subject ("Non-Compete")."""
+    return [q.strip() for q in _QUOTED.findall(text)]
+
+
 def analyze(question: str) -> Query:
     text = strip_boilerplate(question)
-    quoted = [q.strip() for q in _QUOTED.findall(text)]
+    quoted = quoted_phrases(text)
     norm = normalize(text)
     # A subject phrase is searched as a phrase and as its words: "termination for
     # convenience" is rarely written in that order, but its words still mark the clause.

@@ -117,6 +117,10 @@ class QuoteDecoder:
     max_tokens: int | None = None  # the generation's token limit: close a quote in time for its label
     cited: list[tuple[str, str]] = field(default_factory=list)  # (quote, label) written so far
     abstained: bool = False
+    # The model's log-odds of quoting over abstaining at the first step, before any choice:
+    # how sure it was that the excerpts answer the question (see `abstain_margin`).
+    quote_margin: float | None = None
+    abstain_margin: float = 0.0
     _partial: str = ""
     _options: list[tuple[str, str]] = field(default_factory=list)  # (string, what it commits to)
     _end_allowed: bool = False
@@ -168,6 +172,8 @@ class QuoteDecoder:
         if self._end_allowed and not self._partial:
             cands.update(dict.fromkeys(self.table.stop_ids))
         ids = list(cands)
+        if self.quote_margin is None and not self._partial and not self.cited:
+            return self._first_choice(logits)
         if not ids:  # cannot happen while the options are prefix-consistent; end rather than guess
             self._done = True
             return self.table.stop_ids[0]
@@ -182,6 +188,26 @@ class QuoteDecoder:
                 self._commit(what)
                 break
         return best
+
+    def _first_choice(self, logits) -> int:
+        """Quote or abstain: the model quotes only when it prefers the quote by more than
+        `abstain_margin` (log-odds), so a caller can ask for more confidence than a bare
+        preference before a quote is offered as the answer."""
+        first = {what: self.table.encode(s)[0] for s, what in self._options}
+        if "quote" in first and "abstain" in first:
+            lp = logits.float().log_softmax(-1)
+            self.quote_margin = float(lp[first["quote"]] - lp[first["abstain"]])
+            pick = "quote" if self.quote_margin > self.abstain_margin else "abstain"
+        else:
+            self.quote_margin = float("inf") if "quote" in first else float("-inf")
+            pick = "quote" if "quote" in first else "abstain"
+        token = first[pick]
+        self._partial = self.table.texts[token]
+        for s, what in self._options:
+            if s == self._partial:
+                self._commit(what)
+                break
+        return token
 
     def _commit(self, what: str) -> None:
         self._partial = ""

@@ -15,11 +15,16 @@ cosine similarity live on unrelated scales):
 - `clauses`: passages of a section the question names ("Section 8.3") come first;
 - `definitions`: the defining sentence of a defined term the question names;
 - `preamble`: a contract's opening passages, for questions about its title, parties, date;
+- `bm25_pages`: bm25 of whole pages for the same words as `bm25_terms`, each page standing
+  for its passage that `bm25_terms` ranks best: a clause split over several passages (or
+  spread over a page) whose words no single passage holds together still ranks. Weighted
+  half: it recounts `bm25_terms`' words at a coarser unit, so it breaks ties between pages
+  rather than outvoting the passage signals;
 - `embedding`: cosine similarity of sentence embeddings, when an encoder is given.
 
 Full-text search is injected (`Fts`: expression, doc ids, limit -> (doc_id, passage index,
-bm25)), so the store's FTS5 table serves the product and `MemoryFts` serves tests and
-benchmarks. Both index a passage's text and, in a second column weighted `TITLE_WEIGHT`,
+bm25); `PageFts` the same for (doc_id, page number, bm25)), so the store's FTS5 tables serve
+the product and `MemoryFts`/`MemoryPageFts` serve tests and benchmarks. Both index a passage's text and, in a second column weighted `TITLE_WEIGHT`,
 its section titles (`passage_titles`). The encoder is injected too (`Encoder`); its passage vectors are computed once
 per document and cached by the caller (see `EmbeddingCache`).
 """
@@ -42,9 +47,11 @@ from .sections import section_key
 from .textnorm import normalize
 
 Fts = Callable[[str, list[str], int], list[tuple[str, int, float]]]
+PageFts = Fts  # the same contract, with page numbers for passage indexes
 
 # Reciprocal-rank fusion constant and signal weights. Chosen on the CUAD category
-# descriptions' behaviour (bench/retrieval_eval.py), never on the gold spans' words.
+# descriptions' behaviour (bench/retrieval_eval.py), never on the gold spans' words;
+# bm25_pages' 0.5 is checked leave-one-contract-out there (bench/results/retrieval.md).
 RRF_K = 20
 WEIGHTS: dict[str, float] = {
     "bm25_focus": 1.0,
@@ -53,6 +60,7 @@ WEIGHTS: dict[str, float] = {
     "clauses": 4.0,
     "definitions": 1.0,
     "preamble": 3.0,
+    "bm25_pages": 0.5,
     "embedding": 1.0,
 }
 FTS_LIMIT = 100
@@ -129,6 +137,26 @@ class MemoryFts:
         return [(d, int(i), float(s)) for d, i, s in rows]
 
 
+class MemoryPageFts:
+    """Whole pages in an in-memory FTS5 index, tokenized as the store's `fts_pages_unicode61`
+    (no stemming), so the benchmark measures what `docqa ask` runs."""
+
+    def __init__(self, docs: Mapping[str, Document] | Sequence[Document], tokenize: str = "unicode61 remove_diacritics 2"):
+        self.con = sqlite3.connect(":memory:")
+        self.con.execute(f"CREATE VIRTUAL TABLE pg USING fts5(text, doc_id UNINDEXED, n UNINDEXED, tokenize='{tokenize}')")
+        docs = docs.values() if isinstance(docs, Mapping) else docs
+        self.con.executemany("INSERT INTO pg VALUES (?, ?, ?)", [
+            (index_text(d.text[p.start : p.end], "unicode61"), d.doc_id, p.n) for d in docs for p in d.pages])
+
+    def __call__(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
+        marks = ",".join("?" * len(doc_ids))
+        rows = self.con.execute(
+            f"SELECT doc_id, n, bm25(pg) FROM pg WHERE pg MATCH ? AND doc_id IN ({marks}) ORDER BY bm25(pg) LIMIT ?",
+            (expression, *doc_ids, limit),
+        ).fetchall()
+        return [(d, int(n), float(s)) for d, n, s in rows]
+
+
 def passages_key(passages: Sequence[Passage]) -> str:
     """Identity of a document's passage list, for caching its embeddings."""
     h = hashlib.sha256()
@@ -169,6 +197,26 @@ def _bm25(fts: Fts, phrases: Sequence[str], doc_ids: list[str]) -> list[Key]:
     if not expr:
         return []
     return [(d, i) for d, i, _ in fts(expr, doc_ids, FTS_LIMIT)]
+
+
+def _pages(page_fts: PageFts, phrases: Sequence[str], doc_ids: list[str],
+           passages: Mapping[str, Sequence[Passage]], within: Sequence[Key]) -> list[Key]:
+    """Pages ranked by bm25, each as its passage ranked best in `within` (else its first):
+    fusion and citations work on passages, so a page must be named by one."""
+    expr = fts_expression(phrases)
+    if not expr:
+        return []
+    rank = {key: r for r, key in enumerate(within)}
+    on_page: dict[tuple[str, int], list[Key]] = {}
+    for d in doc_ids:
+        for p in passages.get(d, ()):
+            on_page.setdefault((d, p.page), []).append((d, p.index))
+    out = []
+    for d, n, _ in page_fts(expr, doc_ids, FTS_LIMIT):
+        keys = on_page.get((d, n))
+        if keys:
+            out.append(min(keys, key=lambda k: rank.get(k, len(rank))))
+    return out
 
 
 def _ancestors(doc: Document) -> dict[str, list[str]]:
@@ -311,6 +359,7 @@ def signals(
     passages: Mapping[str, Sequence[Passage]],
     *,
     fts: Fts | None = None,
+    page_fts: PageFts | None = None,
     encoder=None,
     extra: bool = False,
 ) -> dict[str, list[Key]]:
@@ -322,6 +371,8 @@ def signals(
     doc_ids = list(docs)
     if fts is None:
         fts = MemoryFts({d: passages.get(d, ()) for d in doc_ids}, docs)
+    if page_fts is None:
+        page_fts = MemoryPageFts(docs)
     terms = _bm25(fts, q.terms + q.expansions, doc_ids)
     out = {
         "bm25_focus": _bm25(fts, q.focus, doc_ids),
@@ -330,6 +381,7 @@ def signals(
         "clauses": _clauses(q, docs, passages),
         "definitions": _definitions(q, docs, passages),
         "preamble": _preamble(q, docs, passages),
+        "bm25_pages": _pages(page_fts, q.terms + q.expansions, doc_ids, passages, terms),
     }
     if extra:
         out["bm25_plain"] = _bm25(fts, q.terms, doc_ids)
@@ -358,6 +410,7 @@ def retrieve(
     passages: Mapping[str, list[Passage]],
     *,
     fts: Fts | None = None,
+    page_fts: PageFts | None = None,
     encoder=None,
     k: int = 10,
     weights: Mapping[str, float] = WEIGHTS,
@@ -366,9 +419,9 @@ def retrieve(
     with its fused score in `Passage.score`.
 
     `fts(expression, doc_ids, limit)` runs an FTS5 MATCH over the passages (built in
-    memory when not given); `encoder` (optional) has `encode(texts)` and, to avoid
-    re-encoding a document on every question, `passage_vectors(passages)`."""
-    ranked = fuse(signals(question, docs, passages, fts=fts, encoder=encoder), weights)
+    memory when not given), `page_fts` the same over whole pages; `encoder` (optional) has
+    `encode(texts)` and, to avoid re-encoding a document on every question, `passage_vectors(passages)`."""
+    ranked = fuse(signals(question, docs, passages, fts=fts, page_fts=page_fts, encoder=encoder), weights)
     by_key = {(d, p.index): p for d, ps in passages.items() for p in ps}
     out = []
     for key, score in ranked[:k]:

@@ -85,6 +85,17 @@ def test_default_model_quotes_with_a_verified_citation(ingested):
         assert f'"{c["quote"]}"' in res["answer"]
 
 
+def test_abstain_margin_turns_a_quote_into_not_found_with_evidence(ingested):
+    """Asking for more confidence than the model has (log-odds 1000 of quoting over
+    abstaining) gives "Not found" with the ranked evidence, never a quote; the model's
+    margin is kept in the timings for audit."""
+    res = _ask(ingested, "--max-tokens", "24", "--budget", "600", "--abstain-margin", "1000")
+    assert res["status"] == "not_found" and res["answer"] == "Not found in the document."
+    assert not [c for c in res["citations"] if c["verified"]]
+    assert res["evidence"] and all(c["verified"] for c in res["evidence"])
+    assert res["timings"]["quote_margin"] < 1000
+
+
 @pytest.mark.slow
 def test_read_all_second_question_from_another_process_reuses_the_document_kv(tmp_path):
     """`ask --read-all` twice, as two processes: the second prefills only what is not in the

@@ -3,7 +3,7 @@
 from docqa.pipelines.context import build_context
 from docqa.pipelines.document import RawLine, RawPage, assemble
 from docqa.pipelines.passages import make_passages
-from docqa.pipelines.qa import answer_question
+from docqa.pipelines.qa import answer_question, on_subject, subject_words
 
 PAGES = [
     ["SERVICES AGREEMENT", "", "1. Term. This Agreement begins on the Effective Date and", "continues for five (5) years."],
@@ -72,3 +72,50 @@ def test_not_found_and_evidence_only():
 def test_budget_is_respected():
     ctx = build_context("q", DOCS, PASSAGES, budget_tokens=260)
     assert ctx.tokens <= 260 and 0 < len(ctx.passages) < len(PASSAGES)
+
+
+def test_evidence_shows_distinct_pages_best_first():
+    """Evidence is checked page by page: a second passage of a page already shown gives way
+    to the next page, in ranking order."""
+    p2, p3, p1 = PASSAGES[1], PASSAGES[2], PASSAGES[0]
+    p2b = p2.model_copy(update={"index": 7, "line_start": 2, "line_end": 2,
+                                "char_start": DOC.page(2).lines[1].start, "char_end": DOC.page(2).lines[1].end})
+    ev = answer_question("How can it be terminated?", DOCS, [p2, p2b, p3, p1], None, evidence_k=3).evidence
+    assert [(c.page, c.line_start) for c in ev] == [(2, 1), (3, 1), (1, 1)]
+    assert all(c.verified for c in ev)
+
+
+NON_COMPETE = ('Highlight the parts (if any) of this contract related to "Non-Compete" that should be '
+               "reviewed by a lawyer. Details: Is there a restriction on the ability of a party to compete?")
+TERMINATION = ('Highlight the parts (if any) of this contract related to "Termination For Convenience" that '
+               "should be reviewed by a lawyer. Details: Can a party terminate this contract without cause?")
+
+
+def test_a_verified_quote_that_misses_the_subject_is_not_an_answer():
+    """The agreement has no non-compete. A quote of its governing-law clause is on its lines
+    (it verifies) but names nothing of the subject: with the subject check the answer is
+    "not found", the evidence is still shown and the model's words stay in raw_answer."""
+    reply = '"governed by the laws of the State of New York" [PAGE:3, LINE:1-2]'
+    plain = answer_question(NON_COMPETE, DOCS, PASSAGES, scripted(reply))
+    assert plain.status == "answered"  # without the check: a confident, verified, wrong quote
+    ans = answer_question(NON_COMPETE, DOCS, PASSAGES, scripted(reply), subject_check=True)
+    assert ans.status == "not_found" and ans.answer == "Not found in the document."
+    assert ans.citations == [] and ans.raw_answer == reply
+    assert ans.evidence and all(c.verified for c in ans.evidence)
+
+
+def test_a_quote_on_the_subject_is_kept():
+    reply = '"Either party may terminate this Agreement for convenience" [PAGE:2, LINE:1-2]'
+    ans = answer_question(TERMINATION, DOCS, PASSAGES, scripted(reply), subject_check=True)
+    assert ans.status == "answered" and [c.page for c in ans.citations if c.verified] == [2]
+    # Drafting words count for the subject: "without cause" clauses rarely say "convenience".
+    assert on_subject("may end this Agreement without cause", subject_words(TERMINATION))
+    assert not on_subject("may end this Agreement at the end of the term", subject_words(NON_COMPETE))
+
+
+def test_questions_about_the_opening_words_are_not_subject_checked():
+    q = ('Highlight the parts (if any) of this contract related to "Document Name" that should be '
+         "reviewed by a lawyer. Details: The name of the contract")
+    assert subject_words(q) is None
+    ans = answer_question(q, DOCS, PASSAGES, scripted('"SERVICES AGREEMENT" [PAGE:1, LINE:1]'), subject_check=True)
+    assert ans.status == "answered"

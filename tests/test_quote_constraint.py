@@ -146,6 +146,20 @@ def test_abstain_when_the_model_prefers_it(tokenizer, table):
     assert tokenizer.decode(out) == ABSTAIN and decoder.abstained and not decoder.cited
 
 
+def test_abstain_margin_asks_for_more_than_a_bare_preference(tokenizer, table):
+    """The model prefers quoting by one unit of log-odds: that quotes by default, and abstains
+    when more confidence is asked for; the margin is kept for audit either way."""
+    scores = _favouring(table, _script([['"', "Not"], ["State"]], ['"']))
+    quoting = QuoteDecoder(plan_for(PASSAGES), table)
+    run(quoting, scores, 40)
+    assert quoting.cited and not quoting.abstained
+    assert quoting.quote_margin == pytest.approx(1.0, abs=1e-4)
+    careful = QuoteDecoder(plan_for(PASSAGES), table, abstain_margin=2.0)
+    out = run(careful, scores, 40)
+    assert tokenizer.decode(out) == ABSTAIN and careful.abstained and not careful.cited
+    assert careful.quote_margin == pytest.approx(1.0, abs=1e-4)
+
+
 def test_a_yes_no_no_does_not_count_as_abstaining(tokenizer, table):
     decoder = QuoteDecoder(plan_for(PASSAGES), table)
     run(decoder, _favouring(table, _script([["No", '"', "Not"], ["State"]], ['"'])), 40)
