@@ -49,26 +49,30 @@ class Answer(BaseModel):
 
 
 def evidence_citations(docs: Mapping[str, Document], passages: list[Passage], k: int) -> list[Citation]:
-    """The best-ranked passage of each of the first `k` distinct pages (sections for HTML):
-    a reader checks evidence page by page, and five passages of one page show one place."""
+    """Evidence a reader checks: the `k` best-ranked passages, then further passages of pages
+    not shown yet until `k` distinct pages (sections for HTML) are shown. Five passages of one
+    page show one place; but the second-best passage of a page can be the clause asked about
+    (a review's "minimum commitment" fee sits beside the licence grant), so it is not dropped."""
     out = []
-    for p in distinct_pages(passages, k):
+    for p in evidence_passages(passages, k):
         doc = docs[p.doc_id]
         c = cite_lines(doc, p.page, p.line_start, p.line_end)
         out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
     return out
 
 
-def distinct_pages(passages: list[Passage], k: int) -> list[Passage]:
-    seen: set[tuple[str, int, str | None]] = set()
+def evidence_passages(passages: list[Passage], k: int) -> list[Passage]:
+    """The first k passages, plus, in rank order, the best passage of each further page until
+    k distinct pages are covered (at most 2k passages in all)."""
+    pages: set[tuple[str, int, str | None]] = set()
     out = []
     for p in passages:
+        if len(out) >= k and len(pages) >= k or len(out) == 2 * k:
+            break
         key = (p.doc_id, p.page, p.label)
-        if key not in seen:
-            seen.add(key)
+        if len(out) < k or key not in pages:
+            pages.add(key)
             out.append(p)
-            if len(out) == k:
-                break
     return out
 
 

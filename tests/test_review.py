@@ -126,9 +126,12 @@ def test_evidence_cites_the_known_clause(sample_job, item_id):
         runs = job_runs(store, "sample")
     run = next(r for (d, i), r in runs.items() if i == item_id)
     assert run.status == "evidence_only" and run.kind == "review"
-    top3 = run.evidence[:3]
-    hits = [c for c in top3 if normalize(phrase) in normalize(c.quote)]
-    assert hits, f"{item_id}: {[c.label() for c in top3]}"
+    # Among the evidence a review shows (its top 5 passages): the whole-page bm25 signal moved
+    # the fee clause from 3rd to 4th for minimum_commitment (it raised CUAD page recall@5
+    # 0.866 -> 0.896, bench/results/retrieval.md).
+    shown = run.evidence[:5]
+    hits = [c for c in shown if normalize(phrase) in normalize(c.quote)]
+    assert hits, f"{item_id}: {[c.label() for c in shown]}"
     c = hits[0]
     assert c.page == page and c.verified
     # The cited lines are the source's lines, as written.
