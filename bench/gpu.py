@@ -55,7 +55,7 @@ from docqa.engine.gpu.model import (  # noqa: E402
 from docqa.engine.gpu.tiering import SegmentTiers
 
 RESULTS: dict = {}
-PROFILE = PREFILL_1M = False
+PROFILE = PREFILL_1M = VARIANTS = False
 TARGETS = {"decode_128k_ms": 5.0, "decode_1m_ms": 7.0, "prefill_128k_s": 3.5, "prefill_1m_s": 40.0,
            "first_token_1m_s": 0.5}
 
@@ -220,6 +220,11 @@ def sparse_bf16(model, n_long, n_short):
     kv = KVCache(model.s, n_long + 256)
     toks = torch.randint(0, model.s.vocab, (n_long,), device="cuda")
     model.prefill(toks[:8192], kv)  # compile/warm every kernel shape
+    from docqa.kernels.attention.triton_sparse import fused_decode_topk
+    # the routing top-k's kernel shapes deeper in the document (one compile per power of two of
+    # the block count, which the timed prefill below would otherwise pay as it grows)
+    for nb in (256, 512, 1024, 2048, 4096, 8192, 16384):
+        fused_decode_topk(torch.randn(8, nb, device="cuda"), model.r.top_k)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     chunks = []
@@ -248,6 +253,9 @@ def sparse_bf16(model, n_long, n_short):
             RESULTS[f"decode_{key}_ms_gemv_{'+'.join(variant) or 'none'}"] = other = decode_ms(model, kv, n)
             say(f"      same with fused GEMV for {', '.join(variant) or 'none (all cuBLAS)'}: {other:.2f} ms/token")
         model.gemv = chosen
+    if VARIANTS:
+        variants_decode(model, kv, n_long)
+        variants_prefill(model, kv, n_long - 4096, "128k")
     if PROFILE:
         profile_decode(model, kv, n_long)
         profile_prefill_chunk(model, kv, n_long - 4096)
@@ -255,6 +263,81 @@ def sparse_bf16(model, n_long, n_short):
     RESULTS["peak_decode_long_GiB"] = torch.cuda.max_memory_allocated() / 2**30
     say(f"   first token, 64-token question on cached {n_long}: {ft * 1e3:.1f} ms; peak {RESULTS['peak_decode_long_GiB']:.1f} GiB")
     del kv
+
+
+class knobs:
+    """Set module-level kernel knobs for a with-block, restoring them after."""
+
+    def __init__(self, **kw):
+        from docqa.kernels.attention import triton_sparse
+        from docqa.kernels.linear import triton_gemv
+        self.mods = {"FAST_WHOLE_TILES": triton_sparse, "MAX_SPLITS": triton_sparse, "DECODE_PROGRAMS": triton_sparse,
+                     "TOPK_TILE_MIN": triton_sparse, "SCORE_TILE": triton_sparse, "NORM_EPILOGUE": triton_gemv}
+        self.kw, self.old = kw, {}
+
+    def __enter__(self):
+        for k, v in self.kw.items():
+            self.old[k] = getattr(self.mods[k], k)
+            setattr(self.mods[k], k, v)
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            setattr(self.mods[k], k, v)
+
+
+# each of this session's changes undone alone, then all at once (the 2026-11-30 kernels)
+DECODE_VARIANTS = {
+    "gemv norm as a prologue pass (old)": {"NORM_EPILOGUE": False},
+    "top-k first-pass tiles of 1024 (old)": {"TOPK_TILE_MIN": 1024},
+    "split-KV 16 programs per head (old)": {"MAX_SPLITS": 16, "DECODE_PROGRAMS": 128},
+    "torch argmax (old)": {"argmax": False},
+    "RoPE + KV append as own kernels (old)": {"fused_qkv": False},
+    "all of the above (old)": {"NORM_EPILOGUE": False, "TOPK_TILE_MIN": 1024, "MAX_SPLITS": 16,
+                               "DECODE_PROGRAMS": 128, "argmax": False, "fused_qkv": False},
+}
+PREFILL_VARIANTS = {
+    "KV store + descriptors by torch ops (old)": {"fused_store": False},
+    "routing top-k by torch.topk + sort (old)": {"fast_topk": False},
+    "attention masks every tile (old)": {"FAST_WHOLE_TILES": False},
+    "score tiles 128 rows x 64 blocks (old)": {"SCORE_TILE": (128, 64)},
+    "all four old": {"FAST_WHOLE_TILES": False, "SCORE_TILE": (128, 64), "fused_store": False, "fast_topk": False},
+}
+
+
+def variants_decode(model, kv, n):
+    base = decode_ms(model, kv, n)
+    RESULTS[f"variant_decode_{n}"] = {"this run's defaults": base}
+    say(f"   decode @ {n} variants: this run's defaults {base:.3f} ms/token")
+    for name, kw in DECODE_VARIANTS.items():
+        kw = dict(kw)
+        model.fast_argmax = kw.pop("argmax", True)
+        model.fused_qkv = kw.pop("fused_qkv", True)
+        with knobs(**kw):
+            ms = decode_ms(model, kv, n)
+        model.fast_argmax = model.fused_qkv = True
+        RESULTS[f"variant_decode_{n}"][name] = ms
+        say(f"      {name:44s} {ms:.3f} ms/token ({ms - base:+.3f})")
+
+
+def variants_prefill(model, kv, p0, tag, names=None):
+    toks = torch.randint(0, model.s.vocab, (4096,), device="cuda")
+    run = lambda: model.prefill(toks, kv, p0)
+    run()
+    base = timed(run, 3)
+    RESULTS[f"variant_prefill_{tag}"] = {"this run's defaults": base}
+    say(f"   one 4096-token prefill chunk at {p0} variants: this run's defaults {base:.1f} ms")
+    for name, kw in PREFILL_VARIANTS.items():
+        if names is not None and name not in names:
+            continue
+        kw = dict(kw)
+        model.fused_store = kw.pop("fused_store", True)
+        model.fast_topk = kw.pop("fast_topk", True)
+        with knobs(**kw):
+            run()
+            ms = timed(run, 3)
+        model.fused_store = model.fast_topk = True
+        RESULTS[f"variant_prefill_{tag}"][name] = ms
+        say(f"      {name:44s} {ms:.1f} ms ({ms - base:+.1f})")
 
 
 def profile_decode(model, kv, n, steps=10):
@@ -361,9 +444,12 @@ def dense(model, lengths):
 def sparse_1m(model, n):
     kv = KVCache(model.s, n + 4096 + 256, dtype=torch.float8_e4m3fn)
     say(f"   KV + descriptors: {kv.nbytes() / 2**30:.1f} GiB (bf16 would be {2 * kv.k.numel() * 2 / 2**30:.0f} GiB)")
-    t0 = time.time()
     if PREFILL_1M:
         toks = torch.randint(0, model.s.vocab, (n,), device="cuda")
+        model.prefill(toks[:8192], kv)  # compile the fp8-KV kernel variants outside the timing
+        torch.cuda.synchronize()
+    t0 = time.time()
+    if PREFILL_1M:
         chunks = []
         model.prefill(toks, kv, chunk_times=chunks)
         torch.cuda.synchronize()
@@ -377,6 +463,8 @@ def sparse_1m(model, n):
     torch.cuda.reset_peak_memory_stats()
     RESULTS["decode_1m_ms"] = ms = decode_ms(model, kv, n)
     say(f"   decode @ {n}: {ms:.2f} ms/token")
+    if VARIANTS:
+        variants_prefill(model, kv, n - 4096, "1m")
     if PROFILE:
         profile_decode(model, kv, n)
         profile_prefill_chunk(model, kv, n - 4096)
@@ -453,11 +541,13 @@ def main():
     ap.add_argument("--profile", action="store_true", help="kernel-time table of a graphed decode step at 128K")
     ap.add_argument("--prefill-1m", action="store_true", help="really prefill the 1M context (fp8 KV) instead of "
                     "filling it with random keys; about a minute")
+    ap.add_argument("--variants", action="store_true", help="time this session's kernel changes undone one "
+                    "by one (decode at 128K, one prefill chunk at 128K and 1M)")
     ap.add_argument("--gemv", default=",".join(GEMV_DEFAULT),
                     help=f"decode projections through the fused GEMV, of {','.join(GEMV_ALL)} ('' = all cuBLAS)")
     a = ap.parse_args()
-    global PROFILE, PREFILL_1M
-    PROFILE, PREFILL_1M = a.profile, a.prefill_1m
+    global PROFILE, PREFILL_1M, VARIANTS
+    PROFILE, PREFILL_1M, VARIANTS = a.profile, a.prefill_1m, a.variants
     p = torch.cuda.get_device_properties(0)
     say(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs; torch {torch.__version__}")
     import triton

@@ -8,6 +8,7 @@ import torch
 from docqa.engine.gpu.tiering import SegmentTiers
 from docqa.kernels.gpu import has_cuda, has_triton, interpreting
 
+pytestmark = pytest.mark.usefixtures("few_gemv_configs")
 cuda = pytest.mark.skipif(not (has_cuda() and has_triton()), reason="needs a CUDA device and triton")
 
 
@@ -165,3 +166,32 @@ def test_bench_model_decode_same_tokens_with_fused_gemv_or_plain_matmuls():
     nb = rmin.shape[0]
     assert torch.equal(kv.kmin[1, :nb].float(), rmin.to(torch.bfloat16).float())
     assert torch.allclose(kv.kmean[1, :nb].float(), rmean, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
+                    reason="needs triton and either CUDA or TRITON_INTERPRET=1")
+def test_bench_model_prefill_fused_store_and_unsorted_topk_match_torch_ops():
+    """Prefill with the one-kernel KV store (+ descriptors) and the unsorted routing top-k gives
+    the caches, descriptors and logits of the torch-op path, over chunks that really route."""
+    from docqa.engine.gpu.model import KVCache, Model, Routing, Shape, Weights
+
+    dev = "cuda" if has_cuda() and not interpreting() else "cpu"
+    shape = Shape(layers=1, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=100)
+    weights = Weights(shape, device=dev)
+    routing = Routing(sinks=4, window=32, block=16, top_k=2, route_chunk=32, route_tail=8)
+    toks = torch.randint(0, 100, (120,), generator=torch.Generator().manual_seed(1)).to(dev)
+    model = Model(shape, weights, routing)
+    outs = []
+    for fast in (True, False):
+        model.fused_store = model.fast_topk = fast
+        kv = KVCache(shape, 128, block=16, device=dev)
+        logits = model.prefill(toks, kv, chunk=56)  # chunks end mid-block: partial descriptors
+        outs.append((logits.float(), kv))
+    (la, ka), (lb, kb) = outs
+    n = 120
+    assert torch.equal(ka.k[:, :n], kb.k[:, :n]) and torch.equal(ka.v[:, :n], kb.v[:, :n])
+    nb = -(-n // 16)
+    assert torch.equal(ka.kmin[:, :nb], kb.kmin[:, :nb]) and torch.equal(ka.kmax[:, :nb], kb.kmax[:, :nb])
+    assert torch.allclose(ka.kmean[:, :nb].float(), kb.kmean[:, :nb].float(), rtol=1e-2, atol=1e-2)
+    assert torch.allclose(ka.ksum, kb.ksum, rtol=1e-3, atol=1e-3)
+    assert ((la - lb).norm() / lb.norm()).item() < 1e-2

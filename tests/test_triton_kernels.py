@@ -7,16 +7,15 @@ unwritten element fails the check.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from docqa.kernels.gpu import has_cuda, has_triton, interpreting
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.usefixtures("few_gemv_configs"), pytest.mark.skipif(
     not has_triton() or not (has_cuda() or interpreting()),
     reason="needs triton and either CUDA or TRITON_INTERPRET=1",
-)
+)]
 
 DEVICE = "cuda" if has_cuda() and not interpreting() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16] + ([torch.float16] if DEVICE == "cuda" else [])
@@ -300,3 +299,197 @@ def test_decode_topk_matches_torch_topk(nb):
         assert len(set(picked)) == 16 and 0 <= min(picked) and max(picked) < nb  # distinct, in range
         best = [i for i in want[row].tolist() if torch.isfinite(scores[row, i])]
         assert set(best) <= set(picked)  # every finite winner of torch.topk is picked
+
+
+# --- 2026-11-30 (session 3): wide key tiles, unmasked score tiles, tile-size top-k, argmax -----
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("case", [
+    # t, hq, hkv, d, n_keys, block, sinks, window, top_k: windows of several blocks, so tiles
+    # that every query of a program sees whole (unmasked path) mix with partial ones
+    (8, 4, 2, 32, 260, 16, 4, 48, 3),
+    (40, 2, 2, 16, 300, 16, 20, 64, 4),  # sinks wider than a block, several query tiles
+    (1, 4, 2, 32, 200, 16, 3, 40, 3),  # decode, split-KV
+])
+def test_sparse_attention_whole_tiles_unmasked(case, whole, monkeypatch):
+    """Skipping the mask on tiles every row sees whole gives the reference result, with -1
+    slots and selected blocks inside some rows' windows, through a paged pool too."""
+    from docqa.kernels.attention import triton_sparse
+    from docqa.kernels.attention.naive import naive_sparse_attention
+    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+
+    monkeypatch.setattr(triton_sparse, "FAST_WHOLE_TILES", whole)
+    t, hq, hkv, d, n, bs, sinks, window, top_k = case
+    q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=sum(case))
+    nb = -(-n // bs)
+    g = torch.Generator().manual_seed(t)
+    idx = torch.stack([torch.randperm(nb, generator=g)[:top_k] for _ in range(hkv)]).to(DEVICE)
+    idx[-1, 0] = -1
+    idx[0, 1] = (n - t - window) // bs  # a block inside the window of some queries only
+    off = n - t
+    ref_o, ref_l = naive_sparse_attention(q, k, v, off, idx, bs, sinks, window)
+    for splits in (1, 2):
+        out = torch.full((t, hq, d), float("nan"), device=DEVICE)
+        lse = torch.full((t, hq), float("nan"), device=DEVICE)
+        o, l = fused_sparse_attention(q, k, v, off, idx, bs, sinks, window, out=out, lse=lse, num_splits=splits)
+        assert rel_err(o, ref_o) < ATT_TOL[torch.float32] and rel_err(l, ref_l) < 1e-3
+    perm = torch.randperm(nb + 1, generator=g)[:nb].to(DEVICE)
+    kp = torch.randn((nb + 1) * bs, hkv, d, device=DEVICE)
+    vp = torch.randn((nb + 1) * bs, hkv, d, device=DEVICE)
+    kpad = torch.cat([k, k.new_zeros(nb * bs - n, hkv, d)])
+    vpad = torch.cat([v, v.new_zeros(nb * bs - n, hkv, d)])
+    rows = (perm[:, None] * bs + torch.arange(bs, device=DEVICE)).reshape(-1)
+    kp[rows], vp[rows] = kpad, vpad
+    o, l = fused_sparse_attention(q, kp, vp, off, idx, bs, sinks, window, block_table=perm.int())
+    assert rel_err(o, ref_o) < ATT_TOL[torch.float32] and rel_err(l, ref_l) < 1e-3
+
+
+@pytest.mark.parametrize("method", ["minmax", "mean"])
+@pytest.mark.parametrize("t,chunk", [(8, 4), (7, 7), (5, 2)])
+def test_block_scores_unmasked_row_tiles(method, t, chunk):
+    """Whole row tiles (no mask) then a ragged one: rows = chunk * group over 16-row tiles."""
+    from docqa.kernels.attention.naive import naive_block_descriptors, naive_block_scores
+    from docqa.kernels.attention.triton_sparse import fused_block_scores
+
+    q, k, _ = _qkv(t, 8, 2, 32, 100, torch.float32, seed=t * 10 + chunk)
+    q[::2] *= -3.0  # all-negative-ish rows must not lose to padding
+    kmin, kmax, kmean = naive_block_descriptors(k, 16)
+    out = fused_block_scores(q, kmin, kmax, kmean, method, chunk=chunk, tile=(16, 32))
+    for c in range(out.shape[0]):
+        ref = naive_block_scores(q[c * chunk:(c + 1) * chunk], kmin, kmax, kmean, method)
+        assert rel_err(out[c], ref) < 2e-3
+
+
+def test_decode_topk_small_tiles_many_blocks():
+    """Past 1024 blocks the first pass uses tiles of 256..1024 (>= 2 tiles): same winners."""
+    from docqa.kernels.attention.triton_sparse import fused_decode_topk
+
+    for nb in (1025, 2048, 4100):
+        scores = torch.randn(2, nb, generator=torch.Generator().manual_seed(nb)).to(DEVICE)
+        scores[1, :nb - 5] = float("-inf")  # 5 candidates only: the rest filled from non-candidates
+        got = fused_decode_topk(scores, 16)
+        want = torch.topk(scores[0], 16).indices
+        assert set(got[0].tolist()) == set(want.tolist())
+        assert set(range(nb - 5, nb)) <= set(got[1].tolist()) and len(set(got[1].tolist())) == 16
+
+
+@pytest.mark.parametrize("n", [7, 4096, 10000])
+def test_argmax_matches_torch(n):
+    from docqa.kernels.attention.triton_sparse import fused_argmax
+
+    x = torch.randn(1, n, generator=torch.Generator().manual_seed(n)).to(DEVICE, torch.bfloat16)
+    x[0, n // 3] = x[0, -1] = 50.0  # a tie: the first index wins, as in torch.argmax
+    out = torch.full((1,), -7, dtype=torch.long, device=DEVICE)
+    fused_argmax(x, out=out)
+    assert out.item() == x.argmax(-1).item() == n // 3
+
+
+def test_gemv_norm_prologue_variant_matches(monkeypatch):
+    """The bench times the old prologue-pass RMSNorm against the epilogue scale: both correct."""
+    from docqa.kernels.linear import fused_gemv, naive_gemv
+    from docqa.kernels.linear import triton_gemv
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 96, generator=g).to(DEVICE)
+    w = (torch.randn(2 * 24, 96, generator=g) / 10).to(DEVICE)
+    nw = (1 + 0.1 * torch.randn(96, generator=g)).to(DEVICE)
+    ref = naive_gemv(x, w, norm_weight=nw, eps=1e-5, swiglu=True)
+    for epi in (False, True):
+        monkeypatch.setattr(triton_gemv, "NORM_EPILOGUE", epi)
+        out = fused_gemv(x, w, norm_weight=nw, eps=1e-5, swiglu=True, out=poisoned(ref))
+        assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("start,t", [(0, 32), (10, 40), (16, 5)])
+def test_store_kv_blocks_matches_reference_descriptors(start, t):
+    """A prefill chunk's KV store with its descriptors, partial blocks at both ends: the cache
+    holds the keys, and every touched block's min/max/mean (over earlier keys too) and the
+    last block's fp32 sum equal the reference."""
+    from docqa.kernels.attention.naive import naive_block_descriptors
+    from docqa.kernels.attention.triton_kvstore import fused_store_kv_blocks
+
+    hkv, d, bs, n_cap = 2, 24, 16, 64
+    g = torch.Generator().manual_seed(start * 100 + t)
+    keys = torch.randn(start + t, hkv, d, generator=g).to(DEVICE)
+    vals = torch.randn(start + t, hkv, d, generator=g).to(DEVICE)
+    kc = torch.full((n_cap, hkv, d), float("nan"), device=DEVICE)
+    vc = torch.full((n_cap, hkv, d), float("nan"), device=DEVICE)
+    kc[:start], vc[:start] = keys[:start], vals[:start]
+    nb = n_cap // bs
+    kmin, kmax, kmean = (torch.full((nb, hkv, d), float("nan"), device=DEVICE) for _ in range(3))
+    ksum = torch.full((hkv, d), float("nan"), device=DEVICE)
+    qkv = torch.cat([keys[start:], vals[start:]], dim=1)  # strided views, as in the model
+    fused_store_kv_blocks(qkv[:, :hkv], qkv[:, hkv:], kc, vc, kmin, kmax, start, bs, kmean=kmean, ksum=ksum)
+    end = start + t
+    assert torch.equal(kc[:end], keys) and torch.equal(vc[:end], vals)
+    assert torch.isnan(kc[end:]).all()  # nothing past the chunk written
+    rmin, rmax, rmean = naive_block_descriptors(keys, bs)
+    b0, b1 = start // bs, -(-end // bs)
+    assert torch.equal(kmin[b0:b1], rmin[b0:b1]) and torch.equal(kmax[b0:b1], rmax[b0:b1])
+    assert torch.allclose(kmean[b0:b1], rmean[b0:b1], atol=1e-6)
+    assert torch.isnan(kmin[b1:]).all() and (b0 == 0 or torch.isnan(kmin[:b0]).all())
+    last = keys[(b1 - 1) * bs:end].sum(0)
+    assert torch.allclose(ksum, last, atol=1e-5)
+
+
+@pytest.mark.parametrize("nb,end", [(20, 15), (20, 3), (1500, 1400)])
+def test_topk_blocks_unsorted_same_sets_as_reference(nb, end):
+    """Prefill routing's unsorted top-k: per routing chunk and head the same ids as the
+    reference (chunk-wise candidate ends), -1 for the slots no candidate fills."""
+    from docqa.kernels.attention.naive import naive_topk_blocks
+    from docqa.kernels.attention.triton_sparse import fused_topk_blocks_unsorted
+
+    scores = torch.randn(2, 3, nb, generator=torch.Generator().manual_seed(nb + end)).to(DEVICE)
+    ends = torch.tensor([end, end - 2], device=DEVICE)[:, None, None]
+    got = fused_topk_blocks_unsorted(scores, 8, 1, ends)
+    assert got.shape == (2, 3, 8)
+    for c in range(2):
+        ref = naive_topk_blocks(scores[c], 8, 1, int(ends[c]))
+        for h in range(3):
+            want = [i for i in ref[h].tolist() if i >= 0]
+            have = got[c, h].tolist()
+            assert sorted(i for i in have if i >= 0) == sorted(want)
+            assert have.count(-1) == 8 - len(want)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_qkv_gemv_rope_append_matches_separate_ops(cache_dtype):
+    """The decode qkv projection with RoPE, KV append and descriptor updates folded in equals
+    the reference GEMV + reference RoPE + the append kernel, over steps that open a block."""
+    from docqa.kernels.attention.triton_kvstore import fused_append_kv
+    from docqa.kernels.linear import fused_qkv_gemv, naive_gemv
+    from docqa.kernels.rope import naive_rope, rope_cos_sin
+
+    hq, hkv, d, k, bs = 4, 2, 16, 48, 4
+    n = (hq + 2 * hkv) * d
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE)
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(DEVICE)
+    caches = []
+    for _ in range(2):
+        kc = torch.full((12, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
+        vc = torch.full((12, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
+        desc = [torch.randn(3, hkv, d, generator=torch.Generator().manual_seed(9)).to(DEVICE, cache_dtype)
+                for _ in range(3)]
+        ksum = torch.randn(hkv, d, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+        caches.append((kc, vc, *desc, ksum))
+    for p in (2, 3, 4, 5):  # 4 opens block 1: stale descriptors must be forgotten
+        x = torch.randn(1, k, generator=g).to(DEVICE)
+        pos = torch.tensor([p], device=DEVICE, dtype=torch.int32)
+        cos, sin = rope_cos_sin(pos, d)
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        ref = naive_gemv(x, w, norm_weight=nw, eps=1e-5)
+        qk = naive_rope(ref[:, : (hq + hkv) * d].view(1, hq + hkv, d), cos, sin)
+        ref = torch.cat([qk.reshape(1, -1), ref[:, (hq + hkv) * d:]], dim=1)
+        kc, vc, kmin, kmax, kmean, ksum = caches[0]
+        fused_append_kv(ref[:, hq * d:(hq + hkv) * d].view(1, hkv, d), ref[:, (hq + hkv) * d:].view(1, hkv, d),
+                        kc, vc, kmin, kmax, pos, bs, kmean=kmean, ksum=ksum)
+        kc2, vc2, kmin2, kmax2, kmean2, ksum2 = caches[1]
+        out = fused_qkv_gemv(x, w, nw, 1e-5, cos, sin, hq, hkv, pos, kc2, vc2, kmin2, kmax2, kmean2, ksum2, bs,
+                             out=poisoned(ref))
+        assert rel_err(out, ref) < 1e-5
+    for a, b in zip(caches[0], caches[1]):
+        assert torch.allclose(a.float()[: 6 if a.shape[0] == 12 else None], b.float()[: 6 if b.shape[0] == 12 else None],
+                              atol=1e-5, equal_nan=True)
+    assert not torch.isnan(caches[1][0][2:6].float()).any()

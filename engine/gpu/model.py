@@ -23,17 +23,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...kernels.attention.triton_kvstore import fused_append_kv
+from ...kernels.attention.triton_kvstore import fused_append_kv, fused_store_kv_blocks
 from ...kernels.attention.triton_sparse import (
+    fused_argmax,
     fused_block_scores,
     fused_decode_topk,
     fused_sparse_attention,
     fused_topk_blocks,
+    fused_topk_blocks_unsorted,
 )
-from ...kernels.linear.triton_gemv import fused_gemv
+from ...kernels.linear.triton_gemv import fused_gemv, fused_qkv_gemv
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.rope.triton_rope import fused_rope
 from ...kernels.swiglu.triton_swiglu import fused_swiglu
+from ..settings import EngineSettings
 
 
 @dataclass(frozen=True)
@@ -67,18 +70,21 @@ class Shape:
 LLAMA3_8B = Shape()
 
 
+_DEFAULTS = EngineSettings()
+
+
 @dataclass(frozen=True)
 class Routing:
-    """Mirrors engine/settings.py's defaults (sinks 4, window 1024, blocks of 64, top-16, mean-key
-    scores, routing shared by 512-query chunks, a prefill chunk's last 16 queries routed alone)."""
+    """The engine's routing knobs, defaults taken from engine/settings.py's EngineSettings (so
+    the bench model cannot drift from what the engine runs); the bench may override any."""
 
-    sinks: int = 4
-    window: int = 1024
-    block: int = 64
-    top_k: int = 16
-    route_chunk: int = 512
-    route_tail: int = 16
-    score: str = "mean"
+    sinks: int = _DEFAULTS.sink_tokens
+    window: int = _DEFAULTS.window
+    block: int = _DEFAULTS.block_size
+    top_k: int = _DEFAULTS.top_k
+    route_chunk: int = _DEFAULTS.route_chunk
+    route_tail: int = _DEFAULTS.route_tail
+    score: str = _DEFAULTS.block_score
 
     def __post_init__(self):
         assert self.sinks < self.block, "decode routing assumes the sinks lie inside block 0"
@@ -187,6 +193,10 @@ class Model:
         assert set(gemv) <= set(GEMV_ALL), gemv
         self.s, self.w, self.r = shape, weights, routing
         self.gemv = tuple(gemv)
+        self.fast_argmax = True  # decode's greedy pick through kernels/attention's two-pass argmax
+        self.fused_store = True  # prefill's KV store + block descriptors in one kernel per layer
+        self.fast_topk = True  # prefill routing's top-k through the decode top-k kernels, unsorted
+        self.fused_qkv = True  # decode: RoPE + KV append folded into the qkv GEMV (needs "qkv" in gemv)
         half = shape.head_dim // 2
         self.inv_freq = 1.0 / shape.rope_theta ** (
             torch.arange(half, dtype=torch.float64, device=weights.embed.device) * 2 / shape.head_dim)
@@ -217,7 +227,8 @@ class Model:
         last = torch.clamp(torch.arange(1, c + 1, device=q.device) * chunk, max=t) - 1 + p0
         # a block is a candidate if some key of it is outside the window of the chunk's last query
         end = ((last - r.window + 1 + r.block - 1) // r.block).clamp_min(0)[:, None, None]
-        idx = fused_topk_blocks(scores, r.top_k, r.sinks // r.block, end)
+        topk = fused_topk_blocks_unsorted if self.fast_topk else fused_topk_blocks
+        idx = topk(scores, r.top_k, r.sinks // r.block, end)
         fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, idx, r.block, r.sinks, r.window,
                                route_chunk=chunk if c > 1 else None, out=out)
 
@@ -244,31 +255,44 @@ class Model:
         s, w = self.s, self.w
         t = x.shape[0]
         gemv = self.gemv if pos is not None else ()
-        if "qkv" in gemv:
+        # decode: RoPE and the KV append (with descriptors) ride in the qkv GEMV's epilogue
+        folded = "qkv" in gemv and self.fused_qkv and mode == "sparse" and pos is not None
+        if folded:
+            qkv = fused_qkv_gemv(x, w.wqkv[i], w.ln1[i], s.eps, cos, sin, s.heads, s.kv_heads, pos, kv.k[i],
+                                 kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], self.r.block)
+        elif "qkv" in gemv:
             qkv = fused_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=s.eps)
         else:
             qkv = fused_rms_norm(x, w.ln1[i], s.eps) @ w.wqkv[i].t()
         qk = qkv[:, : s.q_size + s.kv_size].view(t, s.heads + s.kv_heads, s.head_dim)
-        fused_rope(qk, cos, sin, out=qk)  # q and k heads are adjacent: one launch rotates both
+        if not folded:
+            fused_rope(qk, cos, sin, out=qk)  # q and k heads are adjacent: one launch rotates both
         q = qkv[:, : s.q_size].view(t, s.heads, s.head_dim)
         k = qkv[:, s.q_size: s.q_size + s.kv_size].view(t, s.kv_heads, s.head_dim)
         v = qkv[:, s.q_size + s.kv_size:].view(t, s.kv_heads, s.head_dim)
         if mode == "sparse":
             if pos is not None:
-                fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, self.r.block,
-                                kmean=kv.kmean[i], ksum=kv.ksum[i])
+                if not folded:
+                    fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, self.r.block,
+                                    kmean=kv.kmean[i], ksum=kv.ksum[i])
                 o = self._attend_sparse_decode(i, q, kv, pos, self.decode_end(pos) if end is None else end)
             else:
-                kv.k[i, p0: p0 + t] = k
-                kv.v[i, p0: p0 + t] = v
-                kv.update_descriptors(i, p0, p0 + t)
+                if self.fused_store:
+                    fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, kv.block,
+                                          kmean=kv.kmean[i], ksum=kv.ksum[i])
+                else:
+                    kv.k[i, p0: p0 + t] = k
+                    kv.v[i, p0: p0 + t] = v
+                    kv.update_descriptors(i, p0, p0 + t)
                 o = self._attend_sparse_prefill(i, q, kv, p0, t)
         else:
             o = self._attend_dense(i, q, k, v, kv, p0, pos, dense_len)
         if "o" in gemv:
             x = fused_gemv(o.reshape(t, s.q_size), w.wo[i], residual=x)
         else:
-            x = torch.addmm(x, o.reshape(t, s.q_size), w.wo[i].t())
+            # in place: out-of-place addmm first copies the residual stream into its result (a
+            # 32 MiB device copy per projection in a 4096-token prefill chunk); x is this layer's own
+            x = x.addmm_(o.reshape(t, s.q_size), w.wo[i].t())
         if "gate_up" in gemv:
             a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=s.eps, swiglu=True)
         else:
@@ -276,7 +300,7 @@ class Model:
             a = fused_swiglu(gu[:, : s.ffn], gu[:, s.ffn:])
         if "down" in gemv:
             return fused_gemv(a, w.w2[i], residual=x)
-        return torch.addmm(x, a, w.w2[i].t())
+        return x.addmm_(a, w.w2[i].t())
 
     def _attend_dense(self, i, q, k, v, kv: KVCache, p0, pos, dense_len):
         s = self.s
@@ -338,7 +362,11 @@ class Model:
         end = self.decode_end(pos)  # once per step, not per layer: fewer graph nodes
         for i in range(self.s.layers):
             x = self.layer(i, x, kv, cos, sin, pos=pos, mode=mode, dense_len=dense_len, end=end)
-        tok.copy_(self.logits_last(x, gemv="lm_head" in self.gemv).argmax(-1))
+        logits = self.logits_last(x, gemv="lm_head" in self.gemv)
+        if self.fast_argmax:
+            fused_argmax(logits, out=tok)
+        else:
+            tok.copy_(logits.argmax(-1))
         if mode == "sparse":
             pos.add_(1)
 

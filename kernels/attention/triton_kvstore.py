@@ -69,3 +69,80 @@ def fused_append_kv(
         kmin.stride(0), kmin.stride(1), mean_t.stride(0), mean_t.stride(1),
         BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), HAS_MEAN=has_mean, num_warps=1,
     )
+
+
+@triton.jit
+def _store_kv_blocks_kernel(
+    k_ptr, v_ptr, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+    start, end, b0, b_last,
+    sk_t, sk_h, sv_t, sv_h, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h,
+    BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_MEAN: tl.constexpr,
+):
+    b = b0 + tl.program_id(0)
+    h = tl.program_id(1)
+    j = b * BLOCK + tl.arange(0, BLOCK)  # absolute positions of this block's keys
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    new = (j >= start) & (j < end)
+    old = j < start  # stored by an earlier call: summarised from the cache
+    jn = (j - start).to(tl.int64)
+    kn = tl.load(k_ptr + jn[:, None] * sk_t + h * sk_h + d[None, :], mask=new[:, None] & dm[None, :], other=0.0)
+    vn = tl.load(v_ptr + jn[:, None] * sv_t + h * sv_h + d[None, :], mask=new[:, None] & dm[None, :], other=0.0)
+    kq = kn.to(kc_ptr.dtype.element_ty)
+    jc = j.to(tl.int64)
+    tl.store(kc_ptr + jc[:, None] * skc_n + h * skc_h + d[None, :], kq, mask=new[:, None] & dm[None, :])
+    tl.store(vc_ptr + jc[:, None] * svc_n + h * svc_h + d[None, :], vn.to(vc_ptr.dtype.element_ty),
+             mask=new[:, None] & dm[None, :])
+    ko = tl.load(kc_ptr + jc[:, None] * skc_n + h * skc_h + d[None, :], mask=old[:, None] & dm[None, :], other=0.0)
+    # descriptors of the keys as stored (after any fp8 rounding), like the reference that reads
+    # them back from the cache
+    kf = tl.where(new[:, None], kq.to(tl.float32), ko.to(tl.float32))
+    valid = (j < end)[:, None]
+    lo = tl.min(tl.where(valid, kf, float("inf")), axis=0)
+    hi = tl.max(tl.where(valid, kf, float("-inf")), axis=0)
+    dp = b.to(tl.int64) * sd_b + h * sd_h + d
+    tl.store(kmin_ptr + dp, lo.to(kmin_ptr.dtype.element_ty), mask=dm)
+    tl.store(kmax_ptr + dp, hi.to(kmax_ptr.dtype.element_ty), mask=dm)
+    if HAS_MEAN:
+        s = tl.sum(tl.where(valid, kf, 0.0), axis=0)
+        cnt = (tl.minimum(end - b * BLOCK, BLOCK)).to(tl.float32)
+        tl.store(kmean_ptr + b.to(tl.int64) * sm_b + h * sm_h + d, (s / cnt).to(kmean_ptr.dtype.element_ty), mask=dm)
+        if b == b_last:  # decode's append continues the open block from this fp32 sum
+            tl.store(ksum_ptr + h * D + d, s, mask=dm)
+
+
+def fused_store_kv_blocks(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    kmin: torch.Tensor, kmax: torch.Tensor, start: int, block_size: int,
+    kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None,
+) -> None:
+    """A prefill chunk's keys/values k, v [T, Hkv, D] (any strides but the last) -> k_cache,
+    v_cache [N, Hkv, D] rows start..start+T-1, and the min/max (and mean) descriptors of every
+    block those rows touch, over all stored keys of the block (earlier rows are read back from
+    the cache); ksum [Hkv, D] fp32 gets the key sum of the last touched block. One launch per
+    layer instead of two copies, three reductions, casts and descriptor copies."""
+    t, hkv, d = k.shape
+    if v.shape != k.shape or k_cache.shape[1:] != (hkv, d) or v_cache.shape != k_cache.shape:
+        raise ValueError("k, v and the caches do not match")
+    if kmin.shape[1:] != (hkv, d) or kmax.stride() != kmin.stride():
+        raise ValueError("descriptors must be [NB, Hkv, D], kmin and kmax of one layout")
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k_cache.stride(-1) != 1 or kmin.stride(-1) != 1:
+        raise ValueError("last dimensions must be contiguous")
+    end = start + t
+    if t == 0:
+        return
+    if end > k_cache.shape[0] or -(-end // block_size) > kmin.shape[0]:
+        raise ValueError("rows past the cache")
+    has_mean = kmean is not None
+    if has_mean and (ksum is None or kmean.shape[1:] != (hkv, d) or ksum.shape != (hkv, d)
+                     or ksum.dtype != torch.float32 or not ksum.is_contiguous()):
+        raise ValueError("kmean must be [NB, Hkv, D] and ksum a contiguous fp32 [Hkv, D]")
+    b0, b1 = start // block_size, -(-end // block_size)
+    mean_t = kmean if has_mean else kmin
+    _store_kv_blocks_kernel[(b1 - b0, hkv)](
+        k, v, k_cache, v_cache, kmin, kmax, mean_t, ksum if has_mean else kmin,
+        start, end, b0, b1 - 1,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), kmin.stride(0), kmin.stride(1), mean_t.stride(0), mean_t.stride(1),
+        BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), HAS_MEAN=has_mean, num_warps=4,
+    )

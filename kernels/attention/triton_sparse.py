@@ -27,6 +27,13 @@ from ..gpu import interpreting
 
 
 LOG2E = 1.4426950408889634
+# Knobs the H200 bench times against each other (bench/gpu.py --variants); module-level so a
+# run can flip one without touching call sites.
+FAST_WHOLE_TILES = True  # attention skips the per-element mask on tiles every row sees whole
+MAX_SPLITS = 32  # split-KV programs per (query tile, kv head) in decode
+SCORE_TILE = (64, 256)  # (query rows, blocks) per program of prefill block scoring
+TOPK_TILE_MIN = 256  # smallest tile of the decode top-k's first pass (was 1024)
+DECODE_PROGRAMS = 256  # decode attention aims at about this many programs (2 per SM, 132 SMs)
 
 
 @triton.jit
@@ -58,16 +65,30 @@ def _block_scores_kernel(
     # A running elementwise max over row tiles, reduced across rows once after the loop: a
     # cross-warp reduction per tile made the prefill scoring ~5x slower than its matmuls.
     best2d = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
-    # rows enumerate (query, head-in-group) pairs of this kv head
-    for r0 in range(0, n_rows, BLOCK_M):
+    # rows enumerate (query, head-in-group) pairs of this kv head; whole row tiles first, with
+    # no row mask (a select per score element costs about a quarter of the tile's dot), then
+    # the ragged last tile
+    n_full = (n_rows // BLOCK_M) * BLOCK_M
+    for r0 in range(0, n_full, BLOCK_M):
         r = r0 + tl.arange(0, BLOCK_M)
+        t = t0 + r // group
+        hq = h * group + r % group
+        x = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
+                    mask=dmask[None, :], other=0.0).to(ddt)
+        if MINMAX:
+            # max(x*lo, x*hi) summed over d == relu(x).hi + min(x,0).lo: two matrix products
+            s = tl.dot(tl.maximum(x, 0.0).to(ddt), tl.trans(kmax)) + tl.dot(tl.minimum(x, 0.0).to(ddt), tl.trans(kmin))
+        else:
+            s = tl.dot(x, tl.trans(kmean))
+        best2d = tl.maximum(best2d, s)
+    if n_full < n_rows:
+        r = n_full + tl.arange(0, BLOCK_M)
         rmask = r < n_rows
         t = t0 + r // group
         hq = h * group + r % group
         x = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
                     mask=rmask[:, None] & dmask[None, :], other=0.0).to(ddt)
         if MINMAX:
-            # max(x*lo, x*hi) summed over d == relu(x).hi + min(x,0).lo: two matrix products
             s = tl.dot(tl.maximum(x, 0.0).to(ddt), tl.trans(kmax)) + tl.dot(tl.minimum(x, 0.0).to(ddt), tl.trans(kmin))
         else:
             s = tl.dot(x, tl.trans(kmean))
@@ -81,7 +102,7 @@ def _block_scores_kernel(
 
 def fused_block_scores(
     q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, method: str = "minmax",
-    *, chunk: int | None = None, candidates: tuple | None = None,
+    *, chunk: int | None = None, candidates: tuple | None = None, tile: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Relevance of each block to a query chunk, shared by the chunk and by a GQA group.
 
@@ -91,6 +112,7 @@ def fused_block_scores(
     With `chunk`, the queries are cut into ceil(T / chunk) routing chunks scored in one launch:
     returns [C, Hkv, NB]. With `candidates=(first, end)` (end a 1-element device tensor) blocks
     outside first..end-1 score -inf, which lets a decode step skip `fused_topk_blocks`' masking.
+    `tile=(rows, blocks)` overrides the program tile (powers of two, rows >= 16; for tests).
     """
     if method not in ("minmax", "mean"):
         raise ValueError(f"unknown block score method {method!r} (minmax, mean)")
@@ -108,14 +130,18 @@ def fused_block_scores(
     out = torch.empty(n_c, hkv, nb, dtype=torch.float32, device=q.device)
     if nb and t:
         g = hq // hkv
-        block_n = 64
         first, end = candidates if candidates is not None else (0, out)
         big = min(c_len, t) * g >= 512  # prefill routing chunks: larger tensor-core tiles
+        # Prefill: every program re-reads its routing chunk's queries from L2 once per tile of
+        # blocks, so wide block tiles cut that traffic (the 1M profile: 64 ms per chunk, ~130 TFLOP/s)
+        block_m, block_n = (SCORE_TILE if big else (32, 64)) if tile is None else tile
+        if method == "minmax" and tile is None:
+            block_n = min(block_n, 128)  # kmin and kmax both resident: 2 x 64 KiB at 256 blocks overflowed
         _block_scores_kernel[(hkv, triton.cdiv(nb, block_n), n_c)](
             q, kmin, kmax, kmean, out, end, t, c_len, nb, g, first,
             q.stride(0), q.stride(1), ref.stride(0), ref.stride(1), out.stride(0), out.stride(1),
             MINMAX=method == "minmax", D=d, BLOCK_D=triton.next_power_of_2(d),
-            BLOCK_M=128 if big else 32, BLOCK_N=block_n, HAS_END=candidates is not None,
+            BLOCK_M=block_m, BLOCK_N=block_n, HAS_END=candidates is not None,
             num_warps=8 if big else 4,
         )
     elif nb:
@@ -143,6 +169,26 @@ def fused_topk_blocks(scores: torch.Tensor, top_k: int, first, end) -> torch.Ten
     idx = torch.where(torch.isfinite(top.values), top.indices, nb)
     idx = idx.sort(dim=-1).values
     idx = torch.where(idx == nb, -1, idx)
+    if k < top_k:
+        idx = torch.cat([idx, idx.new_full((*lead, top_k - k), -1)], dim=-1)
+    return idx
+
+
+def fused_topk_blocks_unsorted(scores: torch.Tensor, top_k: int, first, end) -> torch.Tensor:
+    """`fused_topk_blocks` without the ascending sort: the same set of ids per row (-1 where
+    fewer than top_k candidates exist), in no particular order, through the decode top-k
+    kernels instead of torch's radix select (18 us per call in the prefill profile) and sort.
+    For the attention kernel, which takes the selection in any order."""
+    nb = scores.shape[-1]
+    lead = scores.shape[:-1]
+    k = min(top_k, nb)
+    if k <= 0 or k > 64:
+        return fused_topk_blocks(scores, top_k, first, end)
+    ids = torch.arange(nb, device=scores.device)
+    s = torch.where((ids >= first) & (ids < end), scores.float(), float("-inf")).contiguous()
+    idx = fused_decode_topk(s.view(-1, nb), k).view(*lead, k)
+    # picks beyond the candidates (rows with fewer than k) are non-candidates: drop them
+    idx = torch.where(torch.gather(s, -1, idx) > float("-inf"), idx, -1)
     if k < top_k:
         idx = torch.cat([idx, idx.new_full((*lead, top_k - k), -1)], dim=-1)
     return idx
@@ -185,7 +231,10 @@ def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None
     h, nb = scores.shape
     if top_k > nb or top_k > 64 or scores.stride(-1) != 1:
         return torch.topk(scores, min(top_k, nb), dim=-1, sorted=False).indices
-    tile = 1024 if nb > 1024 else triton.next_power_of_2(nb)
+    # Each pick-and-retire round is one reduction over the tile, so smaller tiles make the
+    # rounds cheaper and give more programs; the merge then sees n_tiles * K candidates, kept
+    # at <= 256 (one warp's merge slows past that: the 1M profile).
+    tile = min(1024, max(TOPK_TILE_MIN, triton.next_power_of_2(triton.cdiv(nb * top_k, 256))))
     n_tiles = triton.cdiv(nb, tile)
     if out is None:
         out = torch.empty(h, top_k, dtype=torch.long, device=scores.device)
@@ -214,7 +263,7 @@ def _sparse_attn_kernel(
     sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk,
     NUM_SPLITS: tl.constexpr, HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr,
     BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, FAST_WHOLE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -262,13 +311,18 @@ def _sparse_attn_kernel(
         chosen = tl.max(tl.load(bidx_ptr + h * sb_h + one, mask=one < n_sel, other=-1), axis=0).to(tl.int32)
         blk = tl.where(is_sel, chosen, tl.where(is_sink, item - n_sel, win_first + (item - n_sel - n_sink_tiles)))
         j = tl.maximum(blk, 0) * BLOCK + j_in  # logical key index
-        causal = j[None, :] <= pos[:, None]
-        in_sink = j[None, :] < sink_tokens
-        in_win = j[None, :] > pos[:, None] - window
-        # each key counted once: a selected block skips what the sinks and window already cover
-        valid = causal & (
-            (is_sel & (blk >= 0) & ~in_sink & ~in_win) | (is_sink & in_sink) | (is_win & in_win & ~in_sink)
-        )
+        j0 = tl.maximum(blk, 0) * BLOCK
+        # A tile every row of this program sees whole needs no per-element mask: a selected block
+        # before every row's window and past the sinks, or a window tile inside every row's window
+        # and causal for all. Most tiles are such; the mask's compares and selects cost about as
+        # much CUDA-core time per tile as the exponentials (prefill attention ran ~200 TFLOP/s).
+        if FAST_WHOLE:
+            whole = (j0 >= sink_tokens) & (
+                (is_sel & (blk >= 0) & (j0 + BLOCK - 1 <= p_lo - window))
+                | (is_win & (j0 > p_hi - window) & (j0 + BLOCK - 1 <= p_lo))
+            )
+        else:
+            whole = j0 < 0
         if HAS_TABLE:
             phys = tl.load(btab_ptr + tl.maximum(blk, 0)).to(tl.int64)
             row = phys * BLOCK + j_in
@@ -282,7 +336,15 @@ def _sparse_attn_kernel(
             k = k.to(tl.bfloat16)
             v = v.to(tl.bfloat16)
         s = tl.dot(q, tl.trans(k)) * scale_log2
-        s = tl.where(valid, s, float("-inf"))
+        if whole == 0:
+            causal = j[None, :] <= pos[:, None]
+            in_sink = j[None, :] < sink_tokens
+            in_win = j[None, :] > pos[:, None] - window
+            # each key counted once: a selected block skips what the sinks and window already cover
+            valid = causal & (
+                (is_sel & (blk >= 0) & ~in_sink & ~in_win) | (is_sink & in_sink) | (is_win & in_win & ~in_sink)
+            )
+            s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # rows that have seen no key yet keep a finite reference point (avoids inf - inf)
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -408,7 +470,7 @@ def fused_sparse_attention(
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else (64 if rows < 4096 else 128))
     n_m = triton.cdiv(rows, block_m)
     if num_splits is None:
-        num_splits = 1 if n_m * hkv >= 64 else max(1, min(16, 128 // (n_m * hkv)))
+        num_splits = 1 if n_m * hkv >= 64 else max(1, min(MAX_SPLITS, DECODE_PROGRAMS // (n_m * hkv)))
     block_d = triton.next_power_of_2(d)
     qoff_is_tensor = isinstance(q_offset, torch.Tensor)
     n_c = block_idx.shape[0]
@@ -434,7 +496,7 @@ def fused_sparse_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk,
         NUM_SPLITS=num_splits, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor,
-        BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8,
+        BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8, FAST_WHOLE=FAST_WHOLE_TILES,
         num_warps=8 if block_m == 128 else 4, num_stages=2,
     )
     if num_splits > 1:
@@ -453,3 +515,40 @@ def fused_attention(
     routed blocks and a window wider than any context."""
     idx = torch.full((k.shape[1], 1), -1, dtype=torch.long, device=q.device)  # no empty pointer
     return fused_sparse_attention(q, k, v, q_offset, idx, 64, 0, 1 << 30, scale, **kw)
+
+
+@triton.jit
+def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, n, TILE: tl.constexpr):
+    p = tl.program_id(0)
+    offs = p * TILE + tl.arange(0, TILE)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+    best, at = tl.max(x, axis=0, return_indices=True)  # ties: the first index, as torch.argmax
+    tl.store(val_ptr + p, best)
+    tl.store(idx_ptr + p, (p * TILE + at).to(tl.int64))
+
+
+@triton.jit
+def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, n, N_P2: tl.constexpr):
+    offs = tl.arange(0, N_P2)
+    x = tl.load(val_ptr + offs, mask=offs < n, other=float("-inf"))
+    best, at = tl.max(x, axis=0, return_indices=True)
+    tl.store(out_ptr, tl.sum(tl.where(offs == at, tl.load(idx_ptr + offs, mask=offs < n, other=0), 0), axis=0))
+
+
+def fused_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax of a contiguous 1-D (or [1, N]) tensor as a [1] int64 tensor, like
+    `x.argmax(-1)` for one row (first index on ties; NaN-free input assumed). Two small
+    launches: torch's single-block reduction over a 128K vocabulary took 36 us per token."""
+    flat = x.reshape(-1)
+    if not flat.is_contiguous():
+        raise ValueError("x must be contiguous")
+    n = flat.numel()
+    tile = 4096
+    parts = triton.cdiv(n, tile)
+    if out is None:
+        out = torch.empty(1, dtype=torch.long, device=x.device)
+    vals = torch.empty(parts, dtype=torch.float32, device=x.device)
+    idx = torch.empty(parts, dtype=torch.long, device=x.device)
+    _argmax_part_kernel[(parts,)](flat, vals, idx, n, TILE=tile, num_warps=4)
+    _argmax_merge_kernel[(1,)](vals, idx, out, parts, N_P2=max(16, triton.next_power_of_2(parts)), num_warps=1)
+    return out

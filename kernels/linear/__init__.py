@@ -3,6 +3,6 @@ from .naive import naive_gemv
 
 __all__ = ["naive_gemv"]
 if has_triton():
-    from .triton_gemv import fused_gemv
+    from .triton_gemv import fused_gemv, fused_qkv_gemv
 
-    __all__ += ["fused_gemv"]
+    __all__ += ["fused_gemv", "fused_qkv_gemv"]

@@ -17,18 +17,23 @@ from ..gpu import interpreting
 # the interpreter only checks the arithmetic, so one small config keeps it quick.
 _CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 64}, num_warps=1)] if interpreting() else [
     triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=nw, num_stages=st)
-    for bn, bk, nw in ((2, 2048, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4),
+    for bn, bk, nw in ((1, 4096, 4), (2, 4096, 8), (2, 2048, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4),
                        (16, 512, 8), (32, 256, 8), (64, 128, 8))
     for st in (2, 4)
 ]
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "HAS_NORM", "SWIGLU", "HAS_RES"])
+# False: the RMSNorm scale is computed in a prologue pass over x first (the 2026-11-30 kernel),
+# kept so the bench can time one against the other in one run
+NORM_EPILOGUE = True
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "HAS_NORM", "SWIGLU", "HAS_RES", "NORM_EPI"])
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, g_ptr, r_ptr, y_ptr,
     N, K, eps, sx, sw, sr, sy,
-    HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr,
+    HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, NORM_EPI: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -36,13 +41,16 @@ def _gemv_kernel(
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     kk = tl.arange(0, BLOCK_K)
-    rstd = 1.0
-    if HAS_NORM:
-        ss = tl.zeros([BLOCK_K], tl.float32)
+    # RMSNorm folds into the epilogue: y = rstd * W (g * x), with the sum of squares gathered in
+    # the same pass over x as the products, so W streams from the first iteration instead of
+    # after a separate prologue pass over x
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    rstd0 = 1.0
+    if HAS_NORM and not NORM_EPI:
         for k0 in range(0, K, BLOCK_K):
             xv = tl.load(x_ptr + m * sx + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
             ss += xv * xv
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        rstd0 = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     wrow = w_ptr + rows[:, None].to(tl.int64) * sw
@@ -50,14 +58,23 @@ def _gemv_kernel(
         kmask = k0 + kk < K
         xv = tl.load(x_ptr + m * sx + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
         if HAS_NORM:
-            xv = xv * rstd * tl.load(g_ptr + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
+            if NORM_EPI:
+                ss += xv * xv
+            else:
+                xv = xv * rstd0
+            xv = xv * tl.load(g_ptr + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
         lmask = rmask[:, None] & kmask[None, :]
         acc += tl.load(wrow + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
         if SWIGLU:  # the up row of feature n sits N rows below its gate row
             acc_up += tl.load(wrow + N * sw + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
     y = tl.sum(acc, axis=1)
+    up = tl.sum(acc_up, axis=1)
+    if HAS_NORM and NORM_EPI:
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        y = y * rstd
+        up = up * rstd
     if SWIGLU:
-        y = y * tl.sigmoid(y) * tl.sum(acc_up, axis=1)
+        y = y * tl.sigmoid(y) * up
     if HAS_RES:
         y += tl.load(r_ptr + m * sr + rows, mask=rmask, other=0.0).to(tl.float32)
     tl.store(y_ptr + m * sy + rows, y.to(y_ptr.dtype.element_ty), mask=rmask)
@@ -96,5 +113,122 @@ def fused_gemv(
         _gemv_kernel[grid](
             x, w, g, res, out, n, k, eps, x.stride(0), w.stride(0), res.stride(0), out.stride(0),
             HAS_NORM=norm_weight is not None, SWIGLU=swiglu, HAS_RES=residual is not None,
+            NORM_EPI=NORM_EPILOGUE,
         )
+    return out
+
+
+# the running key sum is read-modify-write: autotuning's repeated launches must not compound it
+@triton.autotune(configs=_CONFIGS, key=["N", "K"], restore_value=["ksum_ptr"])
+@triton.jit
+def _qkv_gemv_kernel(
+    x_ptr, w_ptr, g_ptr, y_ptr, cos_ptr, sin_ptr, pos_ptr,
+    kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+    N, K, eps, sw, n_rot_heads, q_heads,
+    skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h,
+    HALF: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # A program owns BLOCK_N rotation pairs (feature j and j + HALF of one head), so RoPE, the
+    # KV-cache append and the per-channel block descriptors all happen on its own outputs:
+    # descriptors (min / max / mean per channel) need no other program's values.
+    i = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pmask = i < N // 2
+    head = i // HALF
+    jj = i % HALF
+    row_a = head * (2 * HALF) + jj
+    kk = tl.arange(0, BLOCK_K)
+    ss = tl.zeros([BLOCK_K], tl.float32)
+    acc_a = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_b = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    wa = w_ptr + row_a[:, None].to(tl.int64) * sw
+    wb = wa + HALF * sw
+    for k0 in range(0, K, BLOCK_K):
+        kmask = k0 + kk < K
+        xv = tl.load(x_ptr + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
+        ss += xv * xv
+        xv = xv * tl.load(g_ptr + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
+        lmask = pmask[:, None] & kmask[None, :]
+        acc_a += tl.load(wa + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
+        acc_b += tl.load(wb + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
+    rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+    ya = tl.sum(acc_a, axis=1) * rstd
+    yb = tl.sum(acc_b, axis=1) * rstd
+    rot = head < n_rot_heads  # q and k heads rotate, v heads do not
+    c = tl.load(cos_ptr + jj, mask=pmask & rot, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + jj, mask=pmask & rot, other=0.0).to(tl.float32)
+    ra = (ya * c - yb * s).to(y_ptr.dtype.element_ty)
+    rb = (yb * c + ya * s).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row_a, ra, mask=pmask)
+    tl.store(y_ptr + row_a + HALF, rb, mask=pmask)
+
+    pos = tl.load(pos_ptr).to(tl.int64)
+    is_k = pmask & rot & (head >= q_heads)
+    is_v = pmask & (head >= n_rot_heads)
+    hk = tl.maximum(head - q_heads, 0)
+    hv = tl.maximum(head - n_rot_heads, 0)
+    kp = kc_ptr + pos * skc_n + hk * skc_h + jj
+    vp = vc_ptr + pos * svc_n + hv * svc_h + jj
+    tl.store(kp, ra.to(kc_ptr.dtype.element_ty), mask=is_k)
+    tl.store(kp + HALF, rb.to(kc_ptr.dtype.element_ty), mask=is_k)
+    tl.store(vp, ra.to(vc_ptr.dtype.element_ty), mask=is_v)
+    tl.store(vp + HALF, rb.to(vc_ptr.dtype.element_ty), mask=is_v)
+    # block descriptors from the bf16 key (as kernels/attention/triton_kvstore's append does)
+    b = pos // BLOCK
+    fresh = (pos % BLOCK) == 0  # first key of a block: forget what the slot held before
+    cnt = ((pos % BLOCK) + 1).to(tl.float32)
+    _append_desc(ra.to(tl.float32), jj, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+                 sd_b, sd_h, sm_b, sm_h, 2 * HALF)
+    _append_desc(rb.to(tl.float32), jj + HALF, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+                 sd_b, sd_h, sm_b, sm_h, 2 * HALF)
+
+
+@triton.jit
+def _append_desc(kf, ch, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr, sd_b, sd_h, sm_b, sm_h,
+                 D: tl.constexpr):
+    dp = b * sd_b + hk * sd_h + ch
+    lo = tl.load(kmin_ptr + dp, mask=is_k, other=0.0).to(tl.float32)
+    hi = tl.load(kmax_ptr + dp, mask=is_k, other=0.0).to(tl.float32)
+    tl.store(kmin_ptr + dp, tl.where(fresh, kf, tl.minimum(lo, kf)).to(kmin_ptr.dtype.element_ty), mask=is_k)
+    tl.store(kmax_ptr + dp, tl.where(fresh, kf, tl.maximum(hi, kf)).to(kmax_ptr.dtype.element_ty), mask=is_k)
+    sp = ksum_ptr + hk * D + ch
+    acc = tl.load(sp, mask=is_k, other=0.0)
+    acc = tl.where(fresh, kf, acc + kf)
+    tl.store(sp, acc, mask=is_k)
+    tl.store(kmean_ptr + b * sm_b + hk * sm_h + ch, (acc / cnt).to(kmean_ptr.dtype.element_ty), mask=is_k)
+
+
+def fused_qkv_gemv(
+    x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    heads: int, kv_heads: int, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, ksum: torch.Tensor, block_size: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One decode token's q/k/v projection with everything that follows it before attention:
+    RMSNorm(x) @ W^T for W = [q rows; k rows; v rows] ([(H + 2 Hkv) * D, K]), RoPE
+    (rotate_half, cos/sin [1, D/2]) on the q and k heads, then k and v appended to the caches
+    [N, Hkv, D] at the device position `pos` with the block's per-channel min / max / mean
+    descriptors [NB, Hkv, D] and fp32 key sum ksum [Hkv, D] kept up to date, as
+    `fused_rope` + `fused_append_kv` do. Returns the rotated qkv [1, (H + 2 Hkv) * D]."""
+    n, k = w.shape
+    if x.shape != (1, k) or x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"x must be one contiguous row [1, {k}]")
+    d = k_cache.shape[-1]
+    if n != (heads + 2 * kv_heads) * d or d % 2 or k_cache.shape[1:] != (kv_heads, d):
+        raise ValueError("W rows, heads and cache shapes do not match")
+    if cos.shape[-1] != d // 2 or not cos.is_contiguous() or not sin.is_contiguous():
+        raise ValueError(f"cos/sin must be contiguous [1, {d // 2}]")
+    if kmin.shape[1:] != (kv_heads, d) or kmax.stride() != kmin.stride() or kmean.shape[1:] != (kv_heads, d):
+        raise ValueError("descriptors must be [NB, Hkv, D]")
+    if ksum.shape != (kv_heads, d) or ksum.dtype != torch.float32 or not ksum.is_contiguous():
+        raise ValueError("ksum must be a contiguous fp32 [Hkv, D]")
+    if out is None:
+        out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    grid = lambda meta: (triton.cdiv(n // 2, meta["BLOCK_N"]),)
+    _qkv_gemv_kernel[grid](
+        x, w, norm_weight, out, cos, sin, pos, k_cache, v_cache, kmin, kmax, kmean, ksum,
+        n, k, eps, w.stride(0), heads + kv_heads, heads,
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        kmin.stride(0), kmin.stride(1), kmean.stride(0), kmean.stride(1),
+        HALF=d // 2, BLOCK=block_size,
+    )
     return out
