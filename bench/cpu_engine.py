@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -84,6 +85,7 @@ def main():
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--engines", nargs="+", default=["ours", "hf", "llamacpp"])
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (the llamacpp engine)")
+    ap.add_argument("--rounds", type=int, default=1, help="engines take turns this many times; medians")
     ap.add_argument("--only", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -111,26 +113,44 @@ def main():
         return
 
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
-    results = {}
-    for name in args.engines:
-        if name == "llamacpp" and not args.llama_bench:
-            print("llamacpp skipped: no --llama-bench", file=sys.stderr)
-            continue
-        cmd = [sys.executable, __file__, "--only", name, "--threads", str(args.threads),
-               "--decode-tokens", str(args.decode_tokens), "--lengths", *map(str, args.lengths)]
-        if args.llama_bench:
-            cmd += ["--llama-bench", args.llama_bench]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        if proc.returncode != 0:
-            results[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
-            continue
-        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{name}: {results[name]}", file=sys.stderr)
+    rounds: dict[str, list[dict]] = {}
+    errors: dict[str, dict] = {}
+    # Engines take turns, round after round: on a shared machine a slow minute then hurts
+    # every engine once instead of one engine every time; each figure is the median.
+    for _ in range(args.rounds):
+        for name in args.engines:
+            if name == "llamacpp" and not args.llama_bench:
+                print("llamacpp skipped: no --llama-bench", file=sys.stderr)
+                continue
+            cmd = [sys.executable, __file__, "--only", name, "--threads", str(args.threads),
+                   "--decode-tokens", str(args.decode_tokens), "--lengths", *map(str, args.lengths)]
+            if args.llama_bench:
+                cmd += ["--llama-bench", args.llama_bench]
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+            if proc.returncode != 0:
+                errors[name] = {"error": proc.stderr.strip().splitlines()[-1:]}
+                continue
+            rounds.setdefault(name, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"{name}: {rounds[name][-1]}", file=sys.stderr)
     print(f"load average after: {os.getloadavg()}", file=sys.stderr)
+    results = {name: median_result(rs) for name, rs in rounds.items()} | errors
     if args.json:
         print(json.dumps(results))
     else:
         print(format_table(results, args.lengths))
+
+
+def median_result(runs: list[dict]) -> dict:
+    """Per figure, the median over rounds (prefill per length, decode, peak RSS)."""
+    def med(values):
+        return statistics.median(values)
+
+    out = dict(runs[-1])
+    out["prefill"] = {n: med([r["prefill"][n] for r in runs]) for n in runs[0]["prefill"]}
+    out["decode_tok_s"] = med([r["decode_tok_s"] for r in runs])
+    out["peak_rss_mib"] = med([r["peak_rss_mib"] for r in runs])
+    out["rounds"] = len(runs)
+    return out
 
 
 def format_table(results: dict, lengths) -> str:
