@@ -344,6 +344,10 @@ def print_run(run) -> None:
                 out.print(f"  verified {c.label(with_doc=multi)}{note}: \"{short(c.quote)}\"")
             else:
                 out.print(f"  UNVERIFIED {c.label(with_doc=multi)} ({c.note}), not shown as support")
+    elif run.status == "not_found" and "LINE:" in (run.raw_answer or ""):
+        # The subject check withheld quotes that verify but do not name what was asked.
+        out.print("Not found in the document: the model's quotes did not address the question, so "
+                  "none is shown as the answer (see the evidence below).")
     elif run.status == "not_found":
         out.print("Not found in the document (the model found no answer in the passages it read).")
     elif run.status == "unsupported":
