@@ -152,6 +152,7 @@ class Engine:
             generator = torch.Generator(device=self.device).manual_seed(seed if seed is not None else
                                                        torch.seed() & 0xFFFFFFFF)
 
+        greedy = temperature == 0 and choose is None  # only the argmax of each step is used
         t0 = time.perf_counter()
         logits = self.model(torch.tensor(ids, dtype=torch.long, device=self.device), state, last_only=True,
                             chunk_size=self.prefill_chunk)[-1]
@@ -172,7 +173,7 @@ class Engine:
             if len(out) >= max_new_tokens:
                 break
             logits = self.model(torch.tensor([token], dtype=torch.long, device=self.device), state,
-                                last_only=True)[-1]
+                                last_only=True, argmax_only=greedy)[-1]
             token = int(choose(logits, out) if choose else
                         sample(logits, temperature=temperature, top_p=top_p, generator=generator))
         t2 = time.perf_counter()

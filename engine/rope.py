@@ -39,11 +39,6 @@ def inv_frequencies(config: ModelConfig) -> torch.Tensor:
     raise CheckpointError(f"unsupported rope scaling type {kind!r} (supported: linear, llama3)")
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class Rope:
     def __init__(self, config: ModelConfig):
         self.head_dim = config.head_dim
@@ -59,11 +54,16 @@ class Rope:
                 self.inv_freq = self.inv_freq.to(positions.device)
             freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-            self._cached = (emb.cos().to(dtype), emb.sin().to(dtype))
+            sin = emb.sin().to(dtype)
+            half = self.head_dim // 2
+            # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one copy instead of two
+            # slices, a negation and a cat (apply() below).
+            signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+            self._cached = (emb.cos().to(dtype), sin, signed)
             self._cached_positions = positions
-        return self._cached
+        return self._cached[:2]
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, H, D] rotated by `positions` [T]."""
-        cos, sin = self.cos_sin(positions, x.dtype)
-        return x * cos + rotate_half(x) * sin
+        cos, _ = self.cos_sin(positions, x.dtype)
+        return torch.addcmul(x * cos, x.roll(self.head_dim // 2, -1), self._cached[2])

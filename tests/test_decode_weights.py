@@ -176,3 +176,40 @@ def test_default_model_decode_matches_fp32(default_models):
     # measured: 3 flips in 5 x 64 steps, at fp32 gaps of 0.005-0.017; a bad weight layout or
     # scale flips far more often (and breaks the logit bound above)
     assert flips <= len(PROMPTS) * STEPS // 40, flips
+
+
+def test_own_q4_codes_round_to_the_nearest_level():
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(3))
+    q = Q4Weight.quantize(w)
+    assert q.q.min() >= 0 and q.q.max() <= 15
+    err = (q.dequantize(as_kernel=False) - w).abs()
+    half_step = q.scale.repeat_interleave(32, dim=1) / 2
+    assert (err <= half_step * (1 + 1e-5) + 1e-7).all()
+    # Each group's extremes are levels 0 and 15.
+    assert (q.q.unflatten(1, (-1, 32)).amin(-1) == 0).all() and (q.q.unflatten(1, (-1, 32)).amax(-1) == 15).all()
+
+
+def test_screened_output_head_gives_the_fp32_argmax(default_models):
+    """`OutputHead.screen` (4-bit screening, plain greedy decoding) against the fp32 output
+    projection on the default model's hidden states over real contract text."""
+    from corpus import IBM
+    from pypdf import PdfReader
+
+    fast, _ = default_models
+    model = fast.model
+    text = " ".join(p.extract_text() for p in PdfReader(IBM).pages[:3])
+    ids = fast.tokenizer.encode(text)[:300]
+    hidden = []
+    hook = model.norm.register_forward_hook(lambda mod, i, o: hidden.append(o.detach().clone()))
+    try:
+        model(torch.tensor(ids), DenseKVState(fast.config, capacity=len(ids)))
+    finally:
+        hook.remove()
+    head = model.lm_head.decode
+    assert head.q4 is not None
+    for h in hidden[0].split(DECODE_MAX_ROWS):
+        want = h @ model.lm_head.weight.T
+        got = head.screen(h)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        top = want.topk(8, dim=-1).indices
+        torch.testing.assert_close(got.gather(1, top), want.gather(1, top), rtol=1e-5, atol=1e-4)

@@ -65,7 +65,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, state: KVState, positions: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         if self.decode_qkv is not None and t <= DECODE_MAX_ROWS:
-            q, k, v = self.decode_qkv(x).split(self.qkv_sizes, dim=-1)
+            q, k, v = self.decode_qkv(x).float().split(self.qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(t, self.n_heads, self.head_dim)
@@ -87,6 +87,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.decode_gate_up is not None and x.shape[0] <= DECODE_MAX_ROWS:
+            # bf16 from here to the down projection, which takes bf16 anyway; its output joins
+            # the fp32 residual stream by type promotion.
             gate, up = self.decode_gate_up(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
@@ -120,10 +122,16 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, state: KVState, *, last_only: bool = False,
-                chunk_size: int = 1024) -> torch.Tensor:
+                chunk_size: int = 1024, argmax_only: bool = False) -> torch.Tensor:
         """Run `input_ids` [T] after what `state` already holds; logits [T, vocab] ([1, vocab]
         with last_only). Long inputs go through in chunks of `chunk_size` tokens, so activations
-        stay bounded; ask for last_only there, or the logits alone are T x vocab floats."""
+        stay bounded; ask for last_only there, or the logits alone are T x vocab floats.
+        argmax_only: the caller uses only each row's argmax, so a decode step may screen the
+        vocabulary with 4-bit weights (decode_weights.OutputHead.screen): the top candidates'
+        logits are exact, the rest approximate."""
+        head = self.lm_head
+        if argmax_only and head.decode is not None and input_ids.numel() <= DECODE_MAX_ROWS:
+            head = head.decode.screen
         input_ids = input_ids.reshape(-1)
         outs = []
         for start in range(0, input_ids.shape[0], chunk_size):
@@ -132,7 +140,7 @@ class LlamaModel(nn.Module):
                 continue
             if last_only:
                 hidden = hidden[-1:]
-            outs.append(self.lm_head(self.norm(hidden)))
+            outs.append(head(self.norm(hidden)))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _forward_chunk(self, ids: torch.Tensor, state: KVState) -> torch.Tensor:
