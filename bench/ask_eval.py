@@ -158,6 +158,9 @@ def main() -> int:
             withheld_gold_hit=why == "subject check" and bool(gold_pages & {int(n) for n in re.findall(r"\[PAGE:(\d+)", raw)}),
             evidence_hit=bool(gold_pages & {c.page for c in run.evidence}),
             wall=wall, prompt_tokens=run.timings.get("prompt_tokens"), answer=(run.answer or "")[:160],
+            # The model's whole answer, withheld quotes included, so that another abstention
+            # rule can be scored on these rows without running the model again.
+            raw_answer=raw, question=g["question"],
         ))
         print(f"[{i}/{len(sample)}] {g['category']:<32} {run.status:<12} {why:<13} shown={len(shown)} "
               f"margin={rows[-1]['margin']} {wall:5.1f}s", file=sys.stderr, flush=True)

@@ -18,9 +18,15 @@ cosine similarity live on unrelated scales):
 - `bm25_pages`: bm25 of whole pages for the same words as `bm25_terms`, each page standing
   for its passage that `bm25_terms` ranks best: a clause split over several passages (or
   spread over a page) whose words no single passage holds together still ranks. Weighted
-  half: it recounts `bm25_terms`' words at a coarser unit, so it breaks ties between pages
-  rather than outvoting the passage signals;
+  below the passage signals: it recounts `bm25_terms`' words at a coarser unit, so it
+  breaks ties between pages rather than outvoting them;
 - `embedding`: cosine similarity of sentence embeddings, when an encoder is given.
+
+The two broad signals, `bm25_terms` and `bm25_pages`, rank definitions last (`definition_keys`:
+passages under a "Definitions" heading, or opening with `"Term" means`): a definition says
+what a word means, not what a party must do, yet it holds many words of any question asked
+with a thesaurus. The narrow signals (the subject's own words, titles, the definitions a
+question names) keep them where they rank.
 
 Full-text search is injected (`Fts`: expression, doc ids, limit -> (doc_id, passage index,
 bm25); `PageFts` the same for (doc_id, page number, bm25)), so the store's FTS5 tables serve
@@ -51,7 +57,7 @@ PageFts = Fts  # the same contract, with page numbers for passage indexes
 
 # Reciprocal-rank fusion constant and signal weights. Chosen on the CUAD category
 # descriptions' behaviour (bench/retrieval_eval.py), never on the gold spans' words;
-# bm25_pages' 0.5 is checked leave-one-contract-out there (bench/results/retrieval.md).
+# bm25_pages' 0.75 is checked leave-one-contract-out there (bench/results/retrieval.md).
 RRF_K = 20
 WEIGHTS: dict[str, float] = {
     "bm25_focus": 1.0,
@@ -60,7 +66,7 @@ WEIGHTS: dict[str, float] = {
     "clauses": 4.0,
     "definitions": 1.0,
     "preamble": 3.0,
-    "bm25_pages": 0.5,
+    "bm25_pages": 0.75,
     "embedding": 1.0,
 }
 FTS_LIMIT = 100
@@ -219,6 +225,39 @@ def _pages(page_fts: PageFts, phrases: Sequence[str], doc_ids: list[str],
     return out
 
 
+_DEFINES = re.compile(
+    r"^\s*(?:[0-9]+(?:\.[0-9]+)*\.?\s+)?[\"“][^\"”]{1,80}[\"”]\s*(?:shall\s+)?(?:means?|has the meaning|have the meaning|shall have the meaning)\b",
+    re.IGNORECASE,
+)
+
+
+# A contract's definitions heading ("DEFINITIONS", "Definitions and Interpretation"), not a
+# specification's section that defines its subject ("9.3 Method Definitions").
+_DEFINITIONS_HEADING = re.compile(
+    r"(?:(?:certain|additional|other)\s+)?(?:definitions?|defined terms)"
+    r"(?:\s+and\s+(?:interpretation|construction|rules of construction))?",
+    re.IGNORECASE,
+)
+
+
+def definition_keys(docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]]) -> set[Key]:
+    """Passages that define words rather than bind anyone: those under a heading that says
+    "Definitions" (or a section below one), and those opening with `"Term" means`."""
+    out: set[Key] = set()
+    for doc_id, doc in docs.items():
+        heading = {s.id for s in doc.sections if _DEFINITIONS_HEADING.fullmatch(" ".join(re.findall(r"[^\W_]+", s.title)))}
+        defining = {sid for sid, chain in _ancestors(doc).items() if heading.intersection(chain)}
+        for p in passages.get(doc_id, ()):
+            if p.section_id in defining or _DEFINES.match(p.text):
+                out.add((doc_id, p.index))
+    return out
+
+
+def operative_first(keys: Sequence[Key], definitions: set[Key]) -> list[Key]:
+    """`keys` with the definitions moved after everything else, each part in its order."""
+    return [k for k in keys if k not in definitions] + [k for k in keys if k in definitions]
+
+
 def _ancestors(doc: Document) -> dict[str, list[str]]:
     by_id = {s.id: s for s in doc.sections}
     out = {}
@@ -362,11 +401,13 @@ def signals(
     page_fts: PageFts | None = None,
     encoder=None,
     extra: bool = False,
+    demote_definitions: bool = True,
 ) -> dict[str, list[Key]]:
     """Every signal's ranking, by name (for fusion, and for measuring each one). `extra`
     adds what only the benchmark wants: `bm25_plain` (question words, no thesaurus) and
     `_top_cosine` (a float, for a "not found" threshold) and `_cosine` (every passage's
-    similarity, for the benchmark's reranking variants)."""
+    similarity, for the benchmark's reranking variants). `demote_definitions=False` leaves
+    definitions where bm25 ranks them (the benchmark's "before")."""
     q = analyze(question)
     doc_ids = list(docs)
     if fts is None:
@@ -374,14 +415,19 @@ def signals(
     if page_fts is None:
         page_fts = MemoryPageFts(docs)
     terms = _bm25(fts, q.terms + q.expansions, doc_ids)
+    titles = _titles(q, docs, passages, terms)
+    pages = _pages(page_fts, q.terms + q.expansions, doc_ids, passages, terms)
+    if demote_definitions:
+        defined = definition_keys(docs, passages)
+        terms, pages = operative_first(terms, defined), operative_first(pages, defined)
     out = {
         "bm25_focus": _bm25(fts, q.focus, doc_ids),
         "bm25_terms": terms,
-        "titles": _titles(q, docs, passages, terms),
+        "titles": titles,
         "clauses": _clauses(q, docs, passages),
         "definitions": _definitions(q, docs, passages),
         "preamble": _preamble(q, docs, passages),
-        "bm25_pages": _pages(page_fts, q.terms + q.expansions, doc_ids, passages, terms),
+        "bm25_pages": pages,
     }
     if extra:
         out["bm25_plain"] = _bm25(fts, q.terms, doc_ids)
