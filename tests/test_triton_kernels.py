@@ -493,3 +493,133 @@ def test_qkv_gemv_rope_append_matches_separate_ops(cache_dtype):
         assert torch.allclose(a.float()[: 6 if a.shape[0] == 12 else None], b.float()[: 6 if b.shape[0] == 12 else None],
                               atol=1e-5, equal_nan=True)
     assert not torch.isnan(caches[1][0][2:6].float()).any()
+
+
+@pytest.mark.parametrize("staged,splits", [(False, 1), (False, 3), (True, 1)])
+def test_sparse_attention_blocks_in_a_far_pool(staged, splits):
+    """Tiered KV: a block table whose negative entries put blocks in a second ("host") pool,
+    read in place (decode) or staged into a GPU buffer first (prefill, several routing chunks),
+    gives the reference attention over the logical keys. Unstaged staging slots are NaN, so
+    a read of one would show."""
+    from docqa.kernels.attention.naive import naive_sparse_attention
+    from docqa.kernels.attention.triton_sparse import fused_sparse_attention, staging_rows
+
+    hq, hkv, d, n, bs, k_sel = 4, 2, 32, 160, 16, 3
+    t = 64 if staged else 1
+    q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=5)
+    nb = n // bs
+    g = torch.Generator().manual_seed(7)
+    # block 0 (sinks) and the window's blocks on the GPU pool, the others split at random
+    far = torch.rand(nb, generator=g) < 0.6
+    far[0] = False
+    far[(n - t - 24 + 1) // bs:] = False  # every query's window tiles
+    n_far = int(far.sum())
+    assert 0 < n_far < nb - 4
+    gpu_ids = torch.randperm(nb - n_far + 2, generator=g)[: nb - n_far]
+    far_ids = torch.randperm(n_far + 1, generator=g)[:n_far]
+    table = torch.empty(nb, dtype=torch.int32)
+    table[~far] = gpu_ids.int()
+    table[far] = (-1 - far_ids).int()
+    kp = torch.randn((nb + 2) * bs, hkv, d, generator=g)
+    vp = torch.randn_like(kp)
+    hk = torch.randn((n_far + 1) * bs, hkv, d, generator=g)
+    hv = torch.randn_like(hk)
+    ar = torch.arange(bs)
+    kc, vc = k.cpu(), v.cpu()
+    for b in range(nb):
+        pool_k, pool_v, r = (hk, hv, -1 - int(table[b])) if far[b] else (kp, vp, int(table[b]))
+        pool_k[r * bs + ar], pool_v[r * bs + ar] = kc[b * bs + ar], vc[b * bs + ar]
+    kp, vp, hk, hv, table = (x.to(DEVICE) for x in (kp, vp, hk, hv, table))
+    if DEVICE == "cuda":
+        hk, hv = hk.cpu().pin_memory(), hv.cpu().pin_memory()
+    n_c = 2 if staged else 1
+    cand = torch.arange(1, nb - 3)
+    idx = torch.stack([torch.stack([cand[torch.randperm(len(cand), generator=g)[:k_sel]] for _ in range(hkv)])
+                       for _ in range(n_c)])
+    idx[0, 1, -1] = -1  # an unused slot
+    assert far[idx[idx >= 0]].any() and (~far[idx[idx >= 0]]).any()
+    idx = idx.to(DEVICE)
+    staging = None
+    if staged:
+        rows = staging_rows(n_c, hkv, k_sel, bs)
+        staging = (torch.full((rows, hkv, d), float("nan"), device=DEVICE),
+                   torch.full((rows, hkv, d), float("nan"), device=DEVICE))
+    o, l = fused_sparse_attention(q, kp, vp, n - t, idx, bs, 4, 24, block_table=table, host=(hk, hv),
+                                  staging=staging, num_splits=splits, route_chunk=t // n_c if staged else None,
+                                  out=poisoned(q))
+    for c in range(n_c):
+        a, e = c * (t // n_c), (c + 1) * (t // n_c)
+        ref_o, ref_l = naive_sparse_attention(q[a:e], k, v, n - t + a, idx[c], bs, 4, 24)
+        assert rel_err(o[a:e], ref_o) < ATT_TOL[torch.float32] and rel_err(l[a:e], ref_l) < 1e-3
+
+
+@pytest.mark.parametrize("start,t", [(40, 24), (70, 30)])
+def test_store_and_append_into_a_ring(start, t):
+    """A tiered GPU pool: positions past `pin` wrap in a ring of rows. The prefill store and the
+    decode append write each key at its ring row, with descriptors per logical block."""
+    from docqa.kernels.attention.naive import naive_block_descriptors
+    from docqa.kernels.attention.triton_kvstore import fused_append_kv, fused_store_kv_blocks
+
+    hkv, d, bs, pin, ring = 2, 16, 8, 16, 48
+    n = start + t
+    g = torch.Generator().manual_seed(start)
+    keys = torch.randn(n + 1, hkv, d, generator=g).to(DEVICE)
+    vals = torch.randn(n + 1, hkv, d, generator=g).to(DEVICE)
+    row = lambda p: p if p < pin else pin + (p - pin) % ring
+    kc = torch.full((pin + ring, hkv, d), float("nan"), device=DEVICE)
+    vc = torch.full_like(kc, float("nan"))
+    b0 = start // bs
+    for p in range(b0 * bs, start):  # the open block's earlier keys, as an earlier chunk left them
+        kc[row(p)], vc[row(p)] = keys[p], vals[p]
+    nb = -(-(n + 1) // bs)
+    kmin, kmax, kmean = (torch.full((nb, hkv, d), float("nan"), device=DEVICE) for _ in range(3))
+    ksum = torch.zeros(hkv, d, device=DEVICE)
+    fused_store_kv_blocks(keys[start:n], vals[start:n], kc, vc, kmin, kmax, start, bs, kmean=kmean, ksum=ksum,
+                          ring=(pin, ring))
+    pos = torch.tensor([n], dtype=torch.int32, device=DEVICE)
+    fused_append_kv(keys[n:], vals[n:], kc, vc, kmin, kmax, pos, bs, kmean=kmean, ksum=ksum, ring=(pin, ring))
+    for p in range(start, n + 1):
+        assert torch.equal(kc[row(p)], keys[p]) and torch.equal(vc[row(p)], vals[p])
+    rmin, rmax, rmean = naive_block_descriptors(keys, bs)
+    b1 = nb
+    assert torch.equal(kmin[b0:b1], rmin[b0:b1]) and torch.equal(kmax[b0:b1], rmax[b0:b1])
+    assert torch.allclose(kmean[b0:b1], rmean[b0:b1], atol=1e-5)
+
+
+@pytest.mark.parametrize("q0,t,chunk,nb_extra", [(40, 48, 16, 0), (300, 40, 16, 3), (5000, 40, 16, 0)])
+def test_prefill_routing_folded_into_score_and_topk_kernels(q0, t, chunk, nb_extra):
+    """Prefill routing with the candidate mask computed in the block-score kernel (per routing
+    chunk, from q0 and the window) and -1 for non-candidate picks from the top-k kernels gives
+    the scores and id sets of the torch-masked path (`fused_topk_blocks_unsorted`)."""
+    from docqa.kernels.attention.naive import naive_block_descriptors
+    from docqa.kernels.attention.triton_sparse import (
+        fused_block_scores,
+        fused_decode_topk,
+        fused_topk_blocks_unsorted,
+    )
+
+    hq, hkv, d, bs, window, top_k = 4, 2, 16, 16, 32, 6
+    n = q0 + t + nb_extra * bs
+    g = torch.Generator().manual_seed(q0 + t)
+    keys = torch.randn(n, hkv, d, generator=g).to(DEVICE)
+    q = torch.randn(t, hq, d, generator=g).to(DEVICE)
+    kmin, kmax, kmean = naive_block_descriptors(keys, bs)
+    nb = kmin.shape[0]
+    first = 1
+    plain = fused_block_scores(q, kmin, kmax, kmean, "minmax", chunk=chunk)
+    folded = fused_block_scores(q, kmin, kmax, kmean, "minmax", chunk=chunk,
+                                chunk_candidates=(first, q0, window, bs))
+    c = plain.shape[0]
+    last = torch.clamp(torch.arange(1, c + 1) * chunk, max=t) - 1 + q0
+    end = ((last - window + bs) // bs).clamp_min(0)
+    ids = torch.arange(nb)
+    for ci in range(c):
+        cand = ((ids >= first) & (ids < end[ci])).to(DEVICE)
+        assert torch.equal(folded[ci][:, cand], plain[ci][:, cand])
+        assert torch.isneginf(folded[ci][:, ~cand]).all()
+    ref = fused_topk_blocks_unsorted(plain, top_k, first, end.to(DEVICE)[:, None, None])
+    got = fused_decode_topk(folded.view(-1, nb), top_k, drop_noncandidates=True).view(c, hkv, top_k)
+    for ci in range(c):
+        for h in range(hkv):
+            assert sorted(got[ci, h].tolist()) == sorted(ref[ci, h].tolist())
+    assert (got == -1).any() or q0 > 200  # the short context leaves slots no candidate fills

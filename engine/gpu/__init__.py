@@ -6,4 +6,8 @@
   and the CUDA-graph decode step.
 - `tiering.SegmentTiers`: KV segments between GPU, pinned CPU memory and disk, LRU, with
   copies on a side stream (its CPU mode is what CI tests).
+- `tiering.TieredKVCache`: the bench model's KV cache for contexts whose bf16 KV does not fit
+  beside the weights (1M tokens on one H200): a GPU ring plus pinned CPU memory, segments moved
+  oldest-written first on a side stream, a block table the attention kernel reads through
+  (CPU-resident blocks read in place over PCIe in decode, staged to the GPU in prefill).
 """

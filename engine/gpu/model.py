@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...kernels.attention.triton_kvstore import fused_append_kv, fused_store_kv_blocks
+from ...kernels.attention.triton_kvstore import NO_RING, fused_append_kv, fused_store_kv_blocks
 from ...kernels.attention.triton_sparse import (
     fused_argmax,
     fused_block_scores,
@@ -31,6 +31,7 @@ from ...kernels.attention.triton_sparse import (
     fused_sparse_attention,
     fused_topk_blocks,
     fused_topk_blocks_unsorted,
+    staging_rows,
 )
 from ...kernels.linear.triton_gemv import fused_gemv, fused_qkv_gemv
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
@@ -111,7 +112,14 @@ class Weights:
 
 
 class KVCache:
-    """Per-layer time-major K/V `[capacity, Hkv, D]` plus block min/max descriptors."""
+    """Per-layer time-major K/V `[capacity, Hkv, D]` plus block min/max descriptors.
+    (engine/gpu/tiering.py's `TieredKVCache` has the same interface for KV that spills to CPU.)"""
+
+    ring_arg = NO_RING  # every position at its own row
+    table = None  # no block table: logical block = physical block
+
+    def host(self, layer: int):
+        return None
 
     def __init__(self, shape: Shape, capacity: int, dtype=torch.bfloat16, block: int = 64, layout: str = "time",
                  device="cuda"):
@@ -197,6 +205,9 @@ class Model:
         self.fused_store = True  # prefill's KV store + block descriptors in one kernel per layer
         self.fast_topk = True  # prefill routing's top-k through the decode top-k kernels, unsorted
         self.fused_qkv = True  # decode: RoPE + KV append folded into the qkv GEMV (needs "qkv" in gemv)
+        # prefill routing: candidate masks in the block-score kernel and -1 for non-candidate picks
+        # in the top-k kernels (was: torch masks, where, gather over the scores per layer)
+        self.fold_routing = True
         half = shape.head_dim // 2
         self.inv_freq = 1.0 / shape.rope_theta ** (
             torch.arange(half, dtype=torch.float64, device=weights.embed.device) * 2 / shape.head_dim)
@@ -222,15 +233,35 @@ class Model:
         t = q.shape[0]
         nb = -(-(p0 + t) // r.block)
         mean = kv.kmean[layer, :nb] if r.score == "mean" else kv.kmin[layer, :nb]
+        k_pick = min(r.top_k, nb)
+        first = r.sinks // r.block
+        if self.fold_routing and self.fast_topk and k_pick <= 64 and p0 + min(chunk, t) - r.window >= 0:
+            scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], mean, r.score, chunk=chunk,
+                                        chunk_candidates=(first, p0, r.window, r.block))
+            c = scores.shape[0]
+            idx = fused_decode_topk(scores.view(-1, nb), k_pick, drop_noncandidates=True).view(c, -1, k_pick)
+            if k_pick < r.top_k:
+                idx = torch.cat([idx, idx.new_full((*idx.shape[:-1], r.top_k - k_pick), -1)], dim=-1)
+            self._attend_routed(layer, q, kv, p0, chunk, c, idx, out)
+            return
         scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], mean, r.score, chunk=chunk)
         c = scores.shape[0]
         last = torch.clamp(torch.arange(1, c + 1, device=q.device) * chunk, max=t) - 1 + p0
         # a block is a candidate if some key of it is outside the window of the chunk's last query
         end = ((last - r.window + 1 + r.block - 1) // r.block).clamp_min(0)[:, None, None]
         topk = fused_topk_blocks_unsorted if self.fast_topk else fused_topk_blocks
-        idx = topk(scores, r.top_k, r.sinks // r.block, end)
+        idx = topk(scores, r.top_k, first, end)
+        self._attend_routed(layer, q, kv, p0, chunk, c, idx, out)
+
+    def _attend_routed(self, layer, q, kv, p0: int, chunk: int, c: int, idx: torch.Tensor, out: torch.Tensor) -> None:
+        r = self.r
+        host = kv.host(layer)
+        staging = None
+        if host is not None:  # tiered: the selected host blocks are staged on the GPU first
+            staging = kv.staging_buffers(staging_rows(c, self.s.kv_heads, idx.shape[-1], r.block))
         fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, idx, r.block, r.sinks, r.window,
-                               route_chunk=chunk if c > 1 else None, out=out)
+                               route_chunk=chunk if c > 1 else None, out=out, block_table=kv.table,
+                               host=host, staging=staging)
 
     def decode_end(self, pos: torch.Tensor) -> torch.Tensor:
         """First block whose keys the window of the query at `pos` covers (same for all layers)."""
@@ -246,7 +277,9 @@ class Model:
         # the window covers (or not yet written), whose keys the kernel masks (exact because no
         # block precedes `first` when sinks < block), so the raw top-k needs no clean-up launches.
         idx = fused_decode_topk(scores, min(r.top_k, scores.shape[-1]))
-        out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, idx, r.block, r.sinks, r.window)
+        # tiered: selected blocks in CPU memory are read in place over PCIe (each once per step)
+        out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, idx, r.block, r.sinks, r.window,
+                                        block_table=kv.table, host=kv.host(layer))
         return out
 
     def layer(self, i: int, x: torch.Tensor, kv: KVCache, cos, sin, *, p0: int | None = None,
@@ -259,7 +292,8 @@ class Model:
         folded = "qkv" in gemv and self.fused_qkv and mode == "sparse" and pos is not None
         if folded:
             qkv = fused_qkv_gemv(x, w.wqkv[i], w.ln1[i], s.eps, cos, sin, s.heads, s.kv_heads, pos, kv.k[i],
-                                 kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], self.r.block)
+                                 kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], self.r.block,
+                                 ring=kv.ring_arg)
         elif "qkv" in gemv:
             qkv = fused_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=s.eps)
         else:
@@ -274,12 +308,12 @@ class Model:
             if pos is not None:
                 if not folded:
                     fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, self.r.block,
-                                    kmean=kv.kmean[i], ksum=kv.ksum[i])
+                                    kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
                 o = self._attend_sparse_decode(i, q, kv, pos, self.decode_end(pos) if end is None else end)
             else:
-                if self.fused_store:
+                if self.fused_store or kv.table is not None:
                     fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, kv.block,
-                                          kmean=kv.kmean[i], ksum=kv.ksum[i])
+                                          kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
                 else:
                     kv.k[i, p0: p0 + t] = k
                     kv.v[i, p0: p0 + t] = v
@@ -342,6 +376,10 @@ class Model:
                 ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 ev[0].record()
             b = min(t_all, a + step)
+            if kv.table is not None:  # tiered KV: room for this chunk, and start the next one's moves
+                kv.prepare(p0 + a, p0 + b)
+                assert kv.evicted <= max(p0 + a - self.r.window, kv.pin), "window moved off the GPU: ring too small"
+                kv.prefetch(p0 + b + step)
             x = self.w.embed[tokens[a:b]]
             cos, sin = self.cos_sin(torch.arange(p0 + a, p0 + b, device=tokens.device))
             for i in range(self.s.layers):
@@ -356,7 +394,8 @@ class Model:
     def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, kv: KVCache, mode: str = "sparse",
                     dense_len: int | None = None) -> None:
         """tok [1] long, pos [1] int32 device buffers; overwrites tok with the greedy next token
-        and advances pos (sparse mode; the dense baseline stays at dense_len)."""
+        and advances pos (sparse mode; the dense baseline stays at dense_len). With a tiered
+        cache the caller maps the positions first (`kv.prepare`; GraphedDecode does)."""
         x = self.w.embed[tok]
         cos, sin = self.cos_sin(pos)
         end = self.decode_end(pos)  # once per step, not per layer: fewer graph nodes
@@ -379,6 +418,9 @@ class GraphedDecode:
         self.pos = torch.tensor([start_pos], dtype=torch.int32, device="cuda")
         self.start = start_pos
         dense_len = start_pos + 1 if mode == "dense" else None
+        if kv.table is not None:  # tiered KV: the positions the replays append to are mapped on the GPU
+            kv.prepare(start_pos, min(start_pos + 512, kv.capacity))
+            assert kv.evicted <= max(start_pos - model.r.window, kv.pin), "window moved off the GPU: ring too small"
         step = lambda: model.decode_step(self.tok, self.pos, kv, mode, dense_len)
         with torch.inference_mode():
             s = torch.cuda.Stream()

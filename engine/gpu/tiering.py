@@ -13,6 +13,7 @@ full). Pinned slots are reused; nothing is allocated per move.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -157,3 +158,150 @@ class SegmentTiers:
             return self.cpu[w.slot]
         raw = torch.from_file(self._path(seg), size=self.cpu[0].numel() * self.cpu.element_size(), dtype=torch.uint8)
         return raw.view(self.dtype).view(self.seg_shape)
+
+
+class TieredKVCache:
+    """The bench model's KV cache (engine/gpu/model.py `KVCache`'s interface) for contexts whose
+    KV does not fit beside the weights: GPU memory holds what it can, pinned CPU memory the rest.
+
+    Segments of `segment` tokens (all layers, K and V) are the unit that moves. The GPU pool is
+    the first segment (the sinks, read by every query: never moved) followed by a ring of `ring`
+    token rows; position p >= pin lives at ring row pin + (p - pin) % ring while it is on the
+    GPU. When a write would wrap the ring onto live positions, the oldest ring segment moves to
+    the host pool (row p - pin), least recently written first — in a left-to-right prefill and
+    in decode that is also least recently used by the window. Copies run on a side stream,
+    started one chunk ahead (`prefetch`), so they overlap the compute; the main stream waits on
+    a segment's event only before overwriting its rows.
+
+    `table` [NB] int32 (device) maps each written logical block to where its keys are: r >= 0
+    is row-block r of the GPU pool, -1-r row-block r of the host pool. The attention kernel
+    reads host blocks in place over PCIe (decode) or through a small GPU staging copy of the
+    selected ones (prefill); block descriptors (routing) stay on the GPU for every block.
+    """
+
+    def __init__(self, shape, capacity: int, gpu_tokens: int, *, dtype=torch.bfloat16, block: int = 64,
+                 segment: int = 2048, device="cuda"):
+        s = self.shape = shape
+        self.block, self.segment, self.dtype = block, segment, dtype
+        self.device = torch.device(device)
+        if segment % block or segment < block:
+            raise ValueError("segment must be a multiple of block")
+        self.capacity = capacity = -(-capacity // segment) * segment
+        self.pin = segment
+        ring = min(capacity - segment, (gpu_tokens - segment) // segment * segment)
+        if ring < 2 * segment:
+            raise ValueError(f"a GPU pool of {gpu_tokens} tokens is too small (needs {3 * segment})")
+        self.ring = ring
+        rows = self.pin + ring
+        self.k = torch.empty(s.layers, rows, s.kv_heads, s.head_dim, dtype=dtype, device=self.device)
+        self.v = torch.empty_like(self.k)
+        host_rows = max(capacity - rows, segment)
+        pin_mem = self.device.type == "cuda"
+        self.hk = torch.empty(s.layers, host_rows, s.kv_heads, s.head_dim, dtype=dtype, pin_memory=pin_mem)
+        self.hv = torch.empty(s.layers, host_rows, s.kv_heads, s.head_dim, dtype=dtype, pin_memory=pin_mem)
+        nb = capacity // block
+        self.desc_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
+        self.kmin = torch.empty(s.layers, nb, s.kv_heads, s.head_dim, dtype=self.desc_dtype, device=self.device)
+        self.kmax = torch.empty_like(self.kmin)
+        self.kmean = torch.empty_like(self.kmin)
+        self.ksum = torch.zeros(s.layers, s.kv_heads, s.head_dim, dtype=torch.float32, device=self.device)
+        self.table = torch.full((nb,), -(1 << 30), dtype=torch.int32, device=self.device)
+        self.mapped = 0  # positions < mapped have table entries
+        self.evicted = self.pin  # positions pin..evicted-1 live on the host
+        self.issued = self.pin  # copies started up to here (evicted <= issued)
+        self.written = 0  # positions below this were written by work queued before now
+        self.pending: list[tuple[int, object]] = []  # (segment start, event) copies not yet waited for
+        self.stream = torch.cuda.Stream(self.device) if pin_mem else None
+        self.staging: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.moves = {"segments_to_host": 0, "bytes_to_host": 0}
+
+    # --- what the model reads -----------------------------------------------------------------
+    @property
+    def ring_arg(self) -> tuple[int, int]:
+        return (self.pin, self.ring)
+
+    def host(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.hk[layer], self.hv[layer]
+
+    def staging_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.staging is None or self.staging[0].shape[0] < rows:
+            s = self.shape
+            self.staging = tuple(torch.empty(rows, s.kv_heads, s.head_dim, dtype=self.dtype, device=self.device)
+                                 for _ in range(2))
+        return self.staging
+
+    def nbytes(self) -> dict:
+        size = lambda *ts: sum(t.numel() * t.element_size() for t in ts)
+        return {"gpu_kv": size(self.k, self.v), "host_kv": size(self.hk, self.hv),
+                "descriptors": size(self.kmin, self.kmax, self.kmean)}
+
+    def where(self, pos: int) -> str:
+        return "gpu" if pos < self.pin or pos >= self.evicted else "host"
+
+    # --- movement -------------------------------------------------------------------------------
+    def _row(self, p: int) -> int:
+        return p if p < self.pin else self.pin + (p - self.pin) % self.ring
+
+    def _issue(self, upto: int) -> None:
+        """Start copying the ring segments below `upto` (segment-rounded) to the host."""
+        upto = min(upto, self.capacity - self.ring)  # later positions never leave the ring
+        # only segments the stream has already written: those before the last `prepare`'s start
+        upto = min(upto, self.written // self.segment * self.segment)
+        while self.issued < upto:
+            a = self.issued
+            r, h = self._row(a), a - self.pin
+            if self.stream is not None:
+                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+                ctx = torch.cuda.stream(self.stream)
+            else:
+                ctx = contextlib.nullcontext()
+            with ctx:
+                for layer in range(self.shape.layers):
+                    self.hk[layer, h: h + self.segment].copy_(self.k[layer, r: r + self.segment], non_blocking=True)
+                    self.hv[layer, h: h + self.segment].copy_(self.v[layer, r: r + self.segment], non_blocking=True)
+                ev = None
+                if self.stream is not None:
+                    ev = torch.cuda.Event()
+                    ev.record(self.stream)
+            self.pending.append((a, ev))
+            self.issued = a + self.segment
+            self.moves["segments_to_host"] += 1
+            self.moves["bytes_to_host"] += 2 * self.shape.layers * self.segment * self.k[0, 0].numel() * self.k.element_size()
+
+    def _finish(self, upto: int) -> None:
+        """Segments below `upto` are on the host: the main stream waits for their copies and
+        their table entries switch to the host pool (their ring rows may be overwritten after)."""
+        self._issue(upto)
+        if self.issued < min(upto, self.capacity - self.ring):
+            raise RuntimeError(f"positions below {upto} must leave the ring but are not written yet: ring too small")
+        b = self.block
+        while self.pending and self.pending[0][0] < upto:
+            a, ev = self.pending.pop(0)
+            if ev is not None:
+                torch.cuda.current_stream(self.device).wait_event(ev)
+            blocks = torch.arange(a // b, (a + self.segment) // b, device=self.device, dtype=torch.int32)
+            self.table[a // b: (a + self.segment) // b] = -1 - (blocks - self.pin // b)
+            self.evicted = a + self.segment
+
+    def _round(self, p: int) -> int:
+        return -(-p // self.segment) * self.segment
+
+    def prepare(self, start: int, end: int) -> None:
+        """Make positions start..end-1 writable on the GPU and mapped in the table."""
+        if end > self.capacity:
+            raise ValueError(f"position {end} past the capacity {self.capacity}")
+        if max(start, self.pin) < min(end, self.evicted):
+            raise ValueError(f"positions from {start} already moved to the host (up to {self.evicted})")
+        self.written = max(self.written, min(start, self.mapped))
+        self._finish(self._round(end - self.ring))
+        if end > self.mapped:
+            b = self.block
+            blocks = torch.arange(self.mapped // b, -(-end // b), device=self.device, dtype=torch.int64)
+            p = blocks * b
+            rows = torch.where(p < self.pin, p, self.pin + (p - self.pin) % self.ring)
+            self.table[self.mapped // b: -(-end // b)] = (rows // b).to(torch.int32)
+            self.mapped = -(-end // b) * b
+
+    def prefetch(self, end: int) -> None:
+        """Start, on the side stream, the moves that a later `prepare(..., end)` will need."""
+        self._issue(min(self._round(end - self.ring), self.capacity))

@@ -10,11 +10,21 @@ import torch
 import triton
 import triton.language as tl
 
+NO_RING = (0, 1 << 62)  # (pin, ring): every row at its own position
+
+
+@triton.jit
+def ring_row(p, pin, ring):
+    """Cache row of logical position p in a tiered GPU pool (engine/gpu/tiered.py): the first
+    `pin` positions at their own rows, later ones in a ring of `ring` rows after them. With
+    pin = 0 and a ring past any position this is p."""
+    return tl.where(p < pin, p, pin + (p - pin) % ring)
+
 
 @triton.jit
 def _append_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr, pos_ptr,
-    sk_h, sv_h, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h,
+    sk_h, sv_h, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h, pin, ring,
     BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_MEAN: tl.constexpr,
 ):
     h = tl.program_id(0)
@@ -23,8 +33,9 @@ def _append_kv_kernel(
     m = d < D
     k = tl.load(k_ptr + h * sk_h + d, mask=m, other=0.0)
     v = tl.load(v_ptr + h * sv_h + d, mask=m, other=0.0)
-    tl.store(kc_ptr + pos * skc_n + h * skc_h + d, k.to(kc_ptr.dtype.element_ty), mask=m)
-    tl.store(vc_ptr + pos * svc_n + h * svc_h + d, v.to(vc_ptr.dtype.element_ty), mask=m)
+    prow = ring_row(pos, pin, ring)
+    tl.store(kc_ptr + prow * skc_n + h * skc_h + d, k.to(kc_ptr.dtype.element_ty), mask=m)
+    tl.store(vc_ptr + prow * svc_n + h * svc_h + d, v.to(vc_ptr.dtype.element_ty), mask=m)
     b = pos // BLOCK
     dp = b * sd_b + h * sd_h + d
     kf = k.to(tl.float32)
@@ -47,13 +58,14 @@ def _append_kv_kernel(
 def fused_append_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kmin: torch.Tensor, kmax: torch.Tensor, pos: torch.Tensor, block_size: int,
-    kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None,
+    kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None, ring: tuple[int, int] = NO_RING,
 ) -> None:
     """k, v [1, Hkv, D] (or [Hkv, D]) -> k_cache[pos], v_cache[pos] ([N, Hkv, D], any dtype incl.
     fp8), and the running per-channel min/max of block pos // block_size in kmin, kmax
     [NB, Hkv, D]; with kmean [NB, Hkv, D] and ksum [Hkv, D] fp32 (the open block's key sum,
     which the caller seeds when a prefill leaves a block half full) also its mean key.
-    `pos` is a 1-element integer device tensor."""
+    `pos` is a 1-element integer device tensor. `ring=(pin, ring)`: the cache is a tiered GPU
+    pool whose row for position p is `ring_row(p, pin, ring)` (descriptors stay per logical block)."""
     k2, v2 = k.reshape(-1, k.shape[-1]), v.reshape(-1, v.shape[-1])
     hkv, d = k2.shape
     if k_cache.shape[1:] != (hkv, d) or kmin.shape[1:] != (hkv, d) or kmax.stride() != kmin.stride():
@@ -66,7 +78,7 @@ def fused_append_kv(
     _append_kv_kernel[(hkv,)](
         k2, v2, k_cache, v_cache, kmin, kmax, mean_t, ksum if has_mean else kmin, pos,
         k2.stride(0), v2.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        kmin.stride(0), kmin.stride(1), mean_t.stride(0), mean_t.stride(1),
+        kmin.stride(0), kmin.stride(1), mean_t.stride(0), mean_t.stride(1), ring[0], ring[1],
         BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), HAS_MEAN=has_mean, num_warps=1,
     )
 
@@ -75,7 +87,7 @@ def fused_append_kv(
 def _store_kv_blocks_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
     start, end, b0, b_last,
-    sk_t, sk_h, sv_t, sv_h, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h,
+    sk_t, sk_h, sv_t, sv_h, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h, pin, ring,
     BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_MEAN: tl.constexpr,
 ):
     b = b0 + tl.program_id(0)
@@ -89,7 +101,7 @@ def _store_kv_blocks_kernel(
     kn = tl.load(k_ptr + jn[:, None] * sk_t + h * sk_h + d[None, :], mask=new[:, None] & dm[None, :], other=0.0)
     vn = tl.load(v_ptr + jn[:, None] * sv_t + h * sv_h + d[None, :], mask=new[:, None] & dm[None, :], other=0.0)
     kq = kn.to(kc_ptr.dtype.element_ty)
-    jc = j.to(tl.int64)
+    jc = ring_row(j.to(tl.int64), pin, ring)  # cache rows (a block never straddles the ring's end)
     tl.store(kc_ptr + jc[:, None] * skc_n + h * skc_h + d[None, :], kq, mask=new[:, None] & dm[None, :])
     tl.store(vc_ptr + jc[:, None] * svc_n + h * svc_h + d[None, :], vn.to(vc_ptr.dtype.element_ty),
              mask=new[:, None] & dm[None, :])
@@ -114,13 +126,14 @@ def _store_kv_blocks_kernel(
 def fused_store_kv_blocks(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kmin: torch.Tensor, kmax: torch.Tensor, start: int, block_size: int,
-    kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None,
+    kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None, ring: tuple[int, int] = NO_RING,
 ) -> None:
     """A prefill chunk's keys/values k, v [T, Hkv, D] (any strides but the last) -> k_cache,
     v_cache [N, Hkv, D] rows start..start+T-1, and the min/max (and mean) descriptors of every
     block those rows touch, over all stored keys of the block (earlier rows are read back from
     the cache); ksum [Hkv, D] fp32 gets the key sum of the last touched block. One launch per
-    layer instead of two copies, three reductions, casts and descriptor copies."""
+    layer instead of two copies, three reductions, casts and descriptor copies. `ring`: as in
+    `fused_append_kv` (rows start.. of a tiered pool; pin and ring multiples of block_size)."""
     t, hkv, d = k.shape
     if v.shape != k.shape or k_cache.shape[1:] != (hkv, d) or v_cache.shape != k_cache.shape:
         raise ValueError("k, v and the caches do not match")
@@ -131,7 +144,7 @@ def fused_store_kv_blocks(
     end = start + t
     if t == 0:
         return
-    if end > k_cache.shape[0] or -(-end // block_size) > kmin.shape[0]:
+    if (ring == NO_RING and end > k_cache.shape[0]) or -(-end // block_size) > kmin.shape[0]:
         raise ValueError("rows past the cache")
     has_mean = kmean is not None
     if has_mean and (ksum is None or kmean.shape[1:] != (hkv, d) or ksum.shape != (hkv, d)
@@ -144,5 +157,6 @@ def fused_store_kv_blocks(
         start, end, b0, b1 - 1,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), kmin.stride(0), kmin.stride(1), mean_t.stride(0), mean_t.stride(1),
+        ring[0], ring[1],
         BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), HAS_MEAN=has_mean, num_warps=4,
     )

@@ -33,16 +33,18 @@ FAST_WHOLE_TILES = True  # attention skips the per-element mask on tiles every r
 MAX_SPLITS = 32  # split-KV programs per (query tile, kv head) in decode
 SCORE_TILE = (64, 256)  # (query rows, blocks) per program of prefill block scoring
 TOPK_TILE_MIN = 256  # smallest tile of the decode top-k's first pass (was 1024)
-DECODE_PROGRAMS = 256  # decode attention aims at about this many programs (2 per SM, 132 SMs)
+# decode attention aims at about this many programs (2 per SM, 132 SMs); the interpreter runs
+# programs one after another, so there a few splits keep the CPU tests quick
+DECODE_PROGRAMS = 4 if interpreting() else 256
 
 
 @triton.jit
 def _block_scores_kernel(
     q_ptr, kmin_ptr, kmax_ptr, kmean_ptr, out_ptr, end_ptr,
-    n_q, chunk, n_blocks, group, first,
+    n_q, chunk, n_blocks, group, first, q0, win, bsz,
     sq_t, sq_h, sd_b, sd_h, so_c, so_h,
     MINMAX: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_END: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_END: tl.constexpr, CHUNK_END: tl.constexpr,
 ):
     h = tl.program_id(0)
     nb = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -97,12 +99,19 @@ def _block_scores_kernel(
     if HAS_END:
         # non-candidates (sink-covered or window-covered blocks) can never win a top-k slot
         best = tl.where((nb >= first) & (nb < tl.load(end_ptr)), best, float("-inf"))
+    if CHUNK_END:
+        # prefill: the candidates of routing chunk c end at the first block the window of the
+        # chunk's last query (absolute index q0 + its row) covers (router.py's rule)
+        last = tl.minimum(t0 + chunk, n_q) - 1 + q0
+        end_c = tl.maximum((last - win + bsz) // bsz, 0)
+        best = tl.where((nb >= first) & (nb < end_c), best, float("-inf"))
     tl.store(out_ptr + c * so_c + h * so_h + nb, best, mask=bmask)
 
 
 def fused_block_scores(
     q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, method: str = "minmax",
     *, chunk: int | None = None, candidates: tuple | None = None, tile: tuple[int, int] | None = None,
+    chunk_candidates: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Relevance of each block to a query chunk, shared by the chunk and by a GQA group.
 
@@ -113,6 +122,10 @@ def fused_block_scores(
     returns [C, Hkv, NB]. With `candidates=(first, end)` (end a 1-element device tensor) blocks
     outside first..end-1 score -inf, which lets a decode step skip `fused_topk_blocks`' masking.
     `tile=(rows, blocks)` overrides the program tile (powers of two, rows >= 16; for tests).
+    With `chunk_candidates=(first, q0, window, block_size)` (queries at absolute indices q0..)
+    each routing chunk's non-candidates score -inf: blocks before `first` and from the first
+    block the window of the chunk's last query covers, i.e. end = max(0, (last - window +
+    block_size) // block_size) — the prefill routing's masking, done in the kernel.
     """
     if method not in ("minmax", "mean"):
         raise ValueError(f"unknown block score method {method!r} (minmax, mean)")
@@ -131,6 +144,13 @@ def fused_block_scores(
     if nb and t:
         g = hq // hkv
         first, end = candidates if candidates is not None else (0, out)
+        q0 = win = bsz = 1
+        if chunk_candidates is not None:
+            if candidates is not None:
+                raise ValueError("candidates and chunk_candidates exclude each other")
+            first, q0, win, bsz = chunk_candidates
+            if q0 + min(c_len, t) - 1 - win + bsz < 0:
+                raise ValueError("negative candidate end: the kernel divides truncating")
         big = min(c_len, t) * g >= 512  # prefill routing chunks: larger tensor-core tiles
         # Prefill: every program re-reads its routing chunk's queries from L2 once per tile of
         # blocks, so wide block tiles cut that traffic (the 1M profile: 64 ms per chunk, ~130 TFLOP/s)
@@ -138,10 +158,11 @@ def fused_block_scores(
         if method == "minmax" and tile is None:
             block_n = min(block_n, 128)  # kmin and kmax both resident: 2 x 64 KiB at 256 blocks overflowed
         _block_scores_kernel[(hkv, triton.cdiv(nb, block_n), n_c)](
-            q, kmin, kmax, kmean, out, end, t, c_len, nb, g, first,
+            q, kmin, kmax, kmean, out, end, t, c_len, nb, g, first, q0, win, bsz,
             q.stride(0), q.stride(1), ref.stride(0), ref.stride(1), out.stride(0), out.stride(1),
             MINMAX=method == "minmax", D=d, BLOCK_D=triton.next_power_of_2(d),
             BLOCK_M=block_m, BLOCK_N=block_n, HAS_END=candidates is not None,
+            CHUNK_END=chunk_candidates is not None,
             num_warps=8 if big else 4,
         )
     elif nb:
@@ -195,7 +216,8 @@ def fused_topk_blocks_unsorted(scores: torch.Tensor, top_k: int, first, end) -> 
 
 
 @triton.jit
-def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, TILE: tl.constexpr):
+def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, TILE: tl.constexpr,
+                      DROP: tl.constexpr = False):
     """The K best of one tile of one row. Finite scores beat -inf ones (non-candidates, still
     valid picks when a row has fewer than K candidates); a picked entry and the padding past
     `n` are retired to -inf, below every real entry, so no index is picked twice."""
@@ -207,29 +229,40 @@ def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, T
     for r in range(K):
         best, at = tl.max(x, axis=0, return_indices=True)
         tl.store(val_ptr + h * sv_h + tile * K + r, best)
-        tl.store(idx_ptr + h * sv_h + tile * K + r, (tile * TILE + at).to(tl.int64))
+        pick = (tile * TILE + at).to(tl.int64)
+        if DROP:  # a non-candidate pick (score -inf, carried as -3e38) becomes -1
+            pick = tl.where(best > -3.0e38, pick, -1)
+        tl.store(idx_ptr + h * sv_h + tile * K + r, pick)
         x = tl.where(tl.arange(0, TILE) == at, float("-inf"), x)
 
 
 @triton.jit
-def _merge_topk_kernel(val_ptr, cidx_ptr, idx_ptr, n, sv_h, so_h, K: tl.constexpr, N_P2: tl.constexpr):
+def _merge_topk_kernel(val_ptr, cidx_ptr, idx_ptr, n, sv_h, so_h, K: tl.constexpr, N_P2: tl.constexpr,
+                       DROP: tl.constexpr = False):
     h = tl.program_id(0)
     offs = tl.arange(0, N_P2)
     x = tl.load(val_ptr + h * sv_h + offs, mask=offs < n, other=float("-inf"))
     ids = tl.load(cidx_ptr + h * sv_h + offs, mask=offs < n, other=0)
     for r in range(K):
         best, at = tl.max(x, axis=0, return_indices=True)
-        tl.store(idx_ptr + h * so_h + r, tl.sum(tl.where(offs == at, ids, 0), axis=0))
+        pick = tl.sum(tl.where(offs == at, ids, 0), axis=0)
+        if DROP:
+            pick = tl.where(best > -3.0e38, pick, -1)
+        tl.store(idx_ptr + h * so_h + r, pick)
         x = tl.where(offs == at, float("-inf"), x)
 
 
-def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None = None, *,
+                      drop_noncandidates: bool = False) -> torch.Tensor:
     """Indices of the top_k scores per row of scores [H, NB] fp32 (unordered), like
     `torch.topk(scores, top_k).indices` where scores are distinct; -inf entries (non-candidates)
     are taken last. For a decode step: two small launches instead of torch's radix select,
-    which the H200 profile showed at ~20 us per layer."""
+    which the H200 profile showed at ~20 us per layer. With `drop_noncandidates`, picks whose
+    score is -inf come back as -1 (needs top_k <= 64 and top_k <= NB)."""
     h, nb = scores.shape
     if top_k > nb or top_k > 64 or scores.stride(-1) != 1:
+        if drop_noncandidates:
+            raise ValueError("drop_noncandidates needs top_k <= min(64, NB) and contiguous rows")
         return torch.topk(scores, min(top_k, nb), dim=-1, sorted=False).indices
     # Each pick-and-retire round is one reduction over the tile, so smaller tiles make the
     # rounds cheaper and give more programs; the merge then sees n_tiles * K candidates, kept
@@ -242,7 +275,8 @@ def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None
         raise ValueError(f"out must be a contiguous [{h}, {top_k}] tensor")
     if n_tiles == 1:
         vals = torch.empty(h, top_k, dtype=torch.float32, device=scores.device)
-        _tile_topk_kernel[(h, 1)](scores, vals, out, nb, scores.stride(0), top_k, K=top_k, TILE=tile, num_warps=1)
+        _tile_topk_kernel[(h, 1)](scores, vals, out, nb, scores.stride(0), top_k, K=top_k, TILE=tile,
+                                  DROP=drop_noncandidates, num_warps=1)
         return out
     vals = torch.empty(h, n_tiles * top_k, dtype=torch.float32, device=scores.device)
     cidx = torch.empty(h, n_tiles * top_k, dtype=torch.long, device=scores.device)
@@ -252,7 +286,7 @@ def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None
     _tile_topk_kernel[(h, n_tiles)](scores, vals, cidx, nb, scores.stride(0), n_tiles * top_k, K=top_k, TILE=tile,
                                     num_warps=1)
     _merge_topk_kernel[(h,)](vals, cidx, out, n_tiles * top_k, n_tiles * top_k, out.stride(0), K=top_k,
-                             N_P2=triton.next_power_of_2(n_tiles * top_k), num_warps=1)
+                             N_P2=triton.next_power_of_2(n_tiles * top_k), DROP=drop_noncandidates, num_warps=1)
     return out
 
 
@@ -260,8 +294,8 @@ def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None
 def _sparse_attn_kernel(
     q_ptr, k_ptr, v_ptr, bidx_ptr, btab_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, qoff_ptr,
     n_q, group, n_sel, n_keys_static, sink_tokens, window, scale_log2,
-    sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk,
-    NUM_SPLITS: tl.constexpr, HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr,
+    sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk, far_k, far_v,
+    NUM_SPLITS: tl.constexpr, HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr, HOST: tl.constexpr,
     BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     KV_FP8: tl.constexpr, FAST_WHOLE: tl.constexpr,
 ):
@@ -295,7 +329,8 @@ def _sparse_attn_kernel(
     n_items = n_sel + n_sink_tiles + n_win_tiles
     per = (n_items + NUM_SPLITS - 1) // NUM_SPLITS
     # this program's rows lie in one routing chunk (the wrapper checks the tiling)
-    bidx_ptr += ((pid_m * BLOCK_M) // group // sel_chunk).to(tl.int64) * sb_c
+    rc = (pid_m * BLOCK_M) // group // sel_chunk
+    bidx_ptr += rc.to(tl.int64) * sb_c
     i_lo = split * per
     i_hi = tl.minimum(i_lo + per, n_items)
 
@@ -323,15 +358,30 @@ def _sparse_attn_kernel(
             )
         else:
             whole = j0 < 0
+        koff = 0
+        voff = 0
         if HAS_TABLE:
             phys = tl.load(btab_ptr + tl.maximum(blk, 0)).to(tl.int64)
+            if HOST == 1:
+                # a negative entry -1-r: the block is row-block r of the pinned host pool, read
+                # in place over PCIe (far_k / far_v: element offsets of that pool from k / v)
+                far = phys < 0
+                phys = tl.where(far, -1 - phys, phys)
+                koff = tl.where(far, far_k, 0)
+                voff = tl.where(far, far_v, 0)
+            elif HOST == 2:
+                # a host block the staging kernel copied to the GPU: slot (chunk, head, pick)
+                far = phys < 0
+                phys = tl.where(far, (rc.to(tl.int64) * tl.num_programs(1) + h) * n_sel + item, phys)
+                koff = tl.where(far, far_k, 0)
+                voff = tl.where(far, far_v, 0)
             row = phys * BLOCK + j_in
         else:
             row = j.to(tl.int64)
         # rows past the last query are never written (or past the tensor): 0 * NaN would poison
         kv_mask = (j[:, None] <= p_hi) & dmask[None, :]
-        k = tl.load(k_ptr + row[:, None] * sk_n + h * sk_h + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + row[:, None] * sv_n + h * sv_h + d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_ptr + koff + row[:, None] * sk_n + h * sk_h + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + voff + row[:, None] * sv_n + h * sv_h + d[None, :], mask=kv_mask, other=0.0)
         if KV_FP8:
             k = k.to(tl.bfloat16)
             v = v.to(tl.bfloat16)
@@ -403,6 +453,45 @@ def _merge_splits_kernel(
     tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse)
 
 
+@triton.jit
+def _stage_far_blocks_kernel(
+    bidx_ptr, btab_ptr, hk_ptr, hv_ptr, sk_ptr, sv_ptr, n_sel, sb_c, sb_h, s_n, s_h,
+    BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Copy the head-h slice of every selected block that lives in the host pool (table entry
+    < 0) to staging slot (c, h, pick) on the GPU; other picks copy nothing."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    i = tl.program_id(2)
+    blk = tl.load(bidx_ptr + c.to(tl.int64) * sb_c + h * sb_h + i)
+    phys = tl.load(btab_ptr + tl.maximum(blk, 0)).to(tl.int64)
+    far = (blk >= 0) & (phys < 0)
+    r = tl.arange(0, BLOCK)
+    d = tl.arange(0, BLOCK_D)
+    m = (r[:, None] < tl.where(far, BLOCK, 0)) & (d[None, :] < D)  # all rows or none
+    src = ((-1 - phys) * BLOCK + r)[:, None] * s_n + h * s_h + d[None, :]
+    slot = (c.to(tl.int64) * tl.num_programs(1) + h) * n_sel + i
+    dst = (slot * BLOCK + r)[:, None] * s_n + h * s_h + d[None, :]
+    tl.store(sk_ptr + dst, tl.load(hk_ptr + src, mask=m), mask=m)
+    tl.store(sv_ptr + dst, tl.load(hv_ptr + src, mask=m), mask=m)
+
+
+def staging_rows(n_chunks: int, kv_heads: int, top_k: int, block_size: int) -> int:
+    """Rows of the staging buffers `fused_sparse_attention(..., staging=...)` needs."""
+    return n_chunks * kv_heads * top_k * block_size
+
+
+def _far_offset(base: torch.Tensor, other: torch.Tensor) -> int:
+    """Element offset of `other`'s data from `base`'s: a kernel given `base` reaches `other`
+    (pinned host memory is one address space with the GPU's under UVA)."""
+    if other.dtype != base.dtype or other.stride() != base.stride():
+        raise ValueError("far pools must match the GPU pool's dtype and strides")
+    delta = other.data_ptr() - base.data_ptr()
+    if delta % base.element_size():
+        raise ValueError("far pool is not element-aligned with the GPU pool")
+    return delta // base.element_size()
+
+
 def fused_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -419,8 +508,18 @@ def fused_sparse_attention(
     route_chunk: int | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    host: tuple[torch.Tensor, torch.Tensor] | None = None,
+    staging: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention over sinks ∪ selected blocks ∪ local window (see `naive_sparse_attention`).
+
+    Tiered KV (engine/gpu/tiered.py): with `block_table` and `host=(hk, hv)` (pinned CPU pools,
+    the GPU pool's strides), a negative table entry -1-r puts the block at row-block r of the
+    host pool. Without `staging` the kernel reads such blocks in place over PCIe (decode: each
+    selected block is read once). With `staging=(sk, sv)` (GPU, `staging_rows` rows) a first
+    kernel copies the head slices of the selected host blocks to the GPU and the attention
+    reads them there (prefill: many query tiles read each selected block; host reads are not
+    cached). Sinks and window tiles must map to the GPU pool.
 
     block_idx may also be [C, Hkv, K]: one selection per routing chunk of ceil(T/C) queries
     (or of `route_chunk` queries, the last chunk shorter), so a long prefill chunk with several
@@ -451,9 +550,10 @@ def fused_sparse_attention(
         raise ValueError("q, k, v must be contiguous in their last dimension")
     if interpreting() and q.dtype != torch.float32:
         # the interpreter's bf16 matrix products are unreliable; the CUDA tests cover bf16
+        f = lambda pair: None if pair is None else tuple(x.float() for x in pair)
         o, l = fused_sparse_attention(
             q.float(), k.float(), v.float(), q_offset, block_idx, block_size, sink_tokens, window, scale,
-            block_table=block_table, num_splits=num_splits, route_chunk=route_chunk)
+            block_table=block_table, num_splits=num_splits, route_chunk=route_chunk, host=f(host), staging=f(staging))
         out = o.to(q.dtype) if out is None else out.copy_(o)
         return out, (l if lse is None else lse.copy_(l))
     g = hq // hkv
@@ -490,12 +590,28 @@ def fused_sparse_attention(
     else:
         po = plse = lse
     table = block_table if block_table is not None else block_idx
+    host_mode, far_k, far_v = 0, 0, 0
+    if host is not None:
+        if block_table is None:
+            raise ValueError("a host pool needs a block table")
+        hk, hv = host
+        if staging is None:
+            host_mode, far_k, far_v = 1, _far_offset(k, hk), _far_offset(v, hv)
+        else:
+            sk, sv = staging
+            n_sel = block_idx.shape[2]
+            if sk.shape[0] < staging_rows(n_c, hkv, n_sel, block_size) or sv.shape != sk.shape:
+                raise ValueError("staging buffers too small")
+            _stage_far_blocks_kernel[(n_c, hkv, n_sel)](
+                block_idx, block_table, hk, hv, sk, sv, n_sel, block_idx.stride(0), block_idx.stride(1),
+                hk.stride(0), hk.stride(1), BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), num_warps=4)
+            host_mode, far_k, far_v = 2, _far_offset(k, sk), _far_offset(v, sv)
     _sparse_attn_kernel[(n_m, hkv, num_splits)](
         q, k, v, block_idx, table, out, lse, po, plse, qoff_t,
         t, g, block_idx.shape[2], qoff_int, sink_tokens, window, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk,
-        NUM_SPLITS=num_splits, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor,
+        block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk, far_k, far_v,
+        NUM_SPLITS=num_splits, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor, HOST=host_mode,
         BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8, FAST_WHOLE=FAST_WHOLE_TILES,
         num_warps=8 if block_m == 128 else 4, num_stages=2,
     )

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..attention.triton_kvstore import NO_RING, ring_row
 from ..gpu import interpreting
 
 # On the GPU the best tile depends on N and K (few programs for small N starve the SMs);
@@ -27,6 +28,20 @@ _CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 64}, num_warps=1)] if interp
 # kept so the bench can time one against the other in one run
 NORM_EPILOGUE = True
 
+# Programmatic dependent launch (Hopper): a GEMV is launched before its predecessor finishes and
+# waits (griddepcontrol.wait) before its first load, so launch latency and the predecessor's tail
+# overlap; each GEMV lets its successor launch once its weight loop is done. Off under the
+# interpreter and where this Triton lacks the grid-dependency ops.
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton
+    gdc_launch_dependents = gdc_wait = None
+GEMV_PDL = gdc_wait is not None and not interpreting()
+
+
+def _pdl() -> dict:
+    return {"launch_pdl": True} if GEMV_PDL else {}
+
 
 @triton.autotune(configs=_CONFIGS, key=["N", "K", "HAS_NORM", "SWIGLU", "HAS_RES", "NORM_EPI"])
 @triton.jit
@@ -34,8 +49,10 @@ def _gemv_kernel(
     x_ptr, w_ptr, g_ptr, r_ptr, y_ptr,
     N, K, eps, sx, sw, sr, sy,
     HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, NORM_EPI: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # x (and the residual) come from the previous kernel
     pid = tl.program_id(0)
     m = tl.program_id(1).to(tl.int64)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -67,6 +84,8 @@ def _gemv_kernel(
         acc += tl.load(wrow + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
         if SWIGLU:  # the up row of feature n sits N rows below its gate row
             acc_up += tl.load(wrow + N * sw + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
+    if PDL:
+        gdc_launch_dependents()
     y = tl.sum(acc, axis=1)
     up = tl.sum(acc_up, axis=1)
     if HAS_NORM and NORM_EPI:
@@ -113,7 +132,7 @@ def fused_gemv(
         _gemv_kernel[grid](
             x, w, g, res, out, n, k, eps, x.stride(0), w.stride(0), res.stride(0), out.stride(0),
             HAS_NORM=norm_weight is not None, SWIGLU=swiglu, HAS_RES=residual is not None,
-            NORM_EPI=NORM_EPILOGUE,
+            NORM_EPI=NORM_EPILOGUE, PDL=GEMV_PDL, **_pdl(),
         )
     return out
 
@@ -125,9 +144,11 @@ def _qkv_gemv_kernel(
     x_ptr, w_ptr, g_ptr, y_ptr, cos_ptr, sin_ptr, pos_ptr,
     kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
     N, K, eps, sw, n_rot_heads, q_heads,
-    skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h,
-    HALF: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h, pin, ring,
+    HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     # A program owns BLOCK_N rotation pairs (feature j and j + HALF of one head), so RoPE, the
     # KV-cache append and the per-channel block descriptors all happen on its own outputs:
     # descriptors (min / max / mean per channel) need no other program's values.
@@ -150,6 +171,8 @@ def _qkv_gemv_kernel(
         lmask = pmask[:, None] & kmask[None, :]
         acc_a += tl.load(wa + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
         acc_b += tl.load(wb + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
+    if PDL:
+        gdc_launch_dependents()
     rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
     ya = tl.sum(acc_a, axis=1) * rstd
     yb = tl.sum(acc_b, axis=1) * rstd
@@ -166,8 +189,9 @@ def _qkv_gemv_kernel(
     is_v = pmask & (head >= n_rot_heads)
     hk = tl.maximum(head - q_heads, 0)
     hv = tl.maximum(head - n_rot_heads, 0)
-    kp = kc_ptr + pos * skc_n + hk * skc_h + jj
-    vp = vc_ptr + pos * svc_n + hv * svc_h + jj
+    prow = ring_row(pos, pin, ring)  # the cache row (a tiered pool's ring; else pos itself)
+    kp = kc_ptr + prow * skc_n + hk * skc_h + jj
+    vp = vc_ptr + prow * svc_n + hv * svc_h + jj
     tl.store(kp, ra.to(kc_ptr.dtype.element_ty), mask=is_k)
     tl.store(kp + HALF, rb.to(kc_ptr.dtype.element_ty), mask=is_k)
     tl.store(vp, ra.to(vc_ptr.dtype.element_ty), mask=is_v)
@@ -201,14 +225,14 @@ def fused_qkv_gemv(
     x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
     heads: int, kv_heads: int, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, ksum: torch.Tensor, block_size: int,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, ring: tuple[int, int] = NO_RING,
 ) -> torch.Tensor:
     """One decode token's q/k/v projection with everything that follows it before attention:
     RMSNorm(x) @ W^T for W = [q rows; k rows; v rows] ([(H + 2 Hkv) * D, K]), RoPE
     (rotate_half, cos/sin [1, D/2]) on the q and k heads, then k and v appended to the caches
     [N, Hkv, D] at the device position `pos` with the block's per-channel min / max / mean
     descriptors [NB, Hkv, D] and fp32 key sum ksum [Hkv, D] kept up to date, as
-    `fused_rope` + `fused_append_kv` do. Returns the rotated qkv [1, (H + 2 Hkv) * D]."""
+    `fused_rope` + `fused_append_kv` do (`ring` as there). Returns the rotated qkv [1, (H + 2 Hkv) * D]."""
     n, k = w.shape
     if x.shape != (1, k) or x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"x must be one contiguous row [1, {k}]")
@@ -228,7 +252,7 @@ def fused_qkv_gemv(
         x, w, norm_weight, out, cos, sin, pos, k_cache, v_cache, kmin, kmax, kmean, ksum,
         n, k, eps, w.stride(0), heads + kv_heads, heads,
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        kmin.stride(0), kmin.stride(1), kmean.stride(0), kmean.stride(1),
-        HALF=d // 2, BLOCK=block_size,
+        kmin.stride(0), kmin.stride(1), kmean.stride(0), kmean.stride(1), ring[0], ring[1],
+        HALF=d // 2, BLOCK=block_size, PDL=GEMV_PDL, **_pdl(),
     )
     return out
