@@ -513,7 +513,7 @@ def fused_sparse_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention over sinks ∪ selected blocks ∪ local window (see `naive_sparse_attention`).
 
-    Tiered KV (engine/gpu/tiered.py): with `block_table` and `host=(hk, hv)` (pinned CPU pools,
+    Tiered KV (engine/gpu/tiering.py): with `block_table` and `host=(hk, hv)` (pinned CPU pools,
     the GPU pool's strides), a negative table entry -1-r puts the block at row-block r of the
     host pool. Without `staging` the kernel reads such blocks in place over PCIe (decode: each
     selected block is read once). With `staging=(sk, sv)` (GPU, `staging_rows` rows) a first
