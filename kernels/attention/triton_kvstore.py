@@ -15,7 +15,7 @@ NO_RING = (0, 1 << 62)  # (pin, ring): every row at its own position
 
 @triton.jit
 def ring_row(p, pin, ring):
-    """Cache row of logical position p in a tiered GPU pool (engine/gpu/tiered.py): the first
+    """Cache row of logical position p in a tiered GPU pool (engine/gpu/tiering.py): the first
     `pin` positions at their own rows, later ones in a ring of `ring` rows after them. With
     pin = 0 and a ring past any position this is p."""
     return tl.where(p < pin, p, pin + (p - pin) % ring)
