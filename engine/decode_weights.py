@@ -136,15 +136,23 @@ class OutputHead:
     def __init__(self, weight: torch.Tensor, screen: bool = False):
         self.exact = weight
         self.half = weight.half()
-        self.q4 = Q4Linear(Q4Weight.quantize(weight)) if screen and _MM is not None else None
+        self.screens = screen and _MM is not None
+        self._q4: Q4Linear | None = None  # built on first use (0.4 s): the ask path never screens
+
+    @property
+    def q4(self) -> Q4Linear | None:
+        if self.screens and self._q4 is None:
+            self._q4 = Q4Linear(Q4Weight.quantize(self.exact))
+        return self._q4
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._refine(x, F.linear(x.half(), self.half).float(), _REFINE)
 
     def screen(self, x: torch.Tensor) -> torch.Tensor:
-        if self.q4 is None:
+        q4 = self.q4
+        if q4 is None:
             return self(x)
-        return self._refine(x, self.q4(x).float(), _SCREEN)
+        return self._refine(x, q4(x).float(), _SCREEN)
 
     def _refine(self, x: torch.Tensor, logits: torch.Tensor, k: int) -> torch.Tensor:
         top = logits.topk(k, dim=-1).indices

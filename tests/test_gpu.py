@@ -203,7 +203,9 @@ def test_tiered_kv_cache_gives_the_resident_caches_results():
     """The bench model over a TieredKVCache whose GPU ring holds a fraction of the context (the
     rest moved to the host pool segment by segment during prefill and decode) gives the same
     logits and greedy tokens as over the all-resident KVCache; the host pool holds the moved
-    keys, and prefill's routed picks in the host pool really were read (staged)."""
+    keys, and both caches hold the same block descriptors (so routing sees the same scores;
+    which picks fell in the host pool is not asserted here — test_triton_kernels.py's far-pool
+    test checks host-pool reads, in place and staged, against the reference)."""
     from docqa.engine.gpu.model import KVCache, Model, Routing, Shape, Weights
     from docqa.engine.gpu.tiering import TieredKVCache
 
@@ -239,5 +241,5 @@ def test_tiered_kv_cache_gives_the_resident_caches_results():
         assert tiered.where(p) == "host"
         assert torch.equal(tiered.hk[:, p - 32].to(dev), plain.k[:, p])
     assert tiered.moves["segments_to_host"] >= (tiered.evicted - 32) // 32
-    # routing really picked host blocks: the descriptors of the two caches agree, so the picks do
+    # the descriptors of the two caches agree, so both route alike
     assert torch.equal(tiered.kmin[:, : n // 16], plain.kmin[:, : n // 16])
