@@ -623,3 +623,46 @@ def test_prefill_routing_folded_into_score_and_topk_kernels(q0, t, chunk, nb_ext
         for h in range(hkv):
             assert sorted(got[ci, h].tolist()) == sorted(ref[ci, h].tolist())
     assert (got == -1).any() or q0 > 200  # the short context leaves slots no candidate fills
+
+
+@pytest.mark.parametrize("loops", [True, False])
+@pytest.mark.parametrize("case", [
+    # t, hq, hkv, d, n_keys, block, sinks, window, top_k, route_chunk: prefill chunks (no key
+    # splits) whose programs see window tiles masked at both edges and whole in between
+    (64, 4, 2, 32, 400, 16, 4, 100, 3, 32),
+    (40, 2, 1, 48, 330, 16, 20, 70, 4, None),  # D not a power of two, sinks wider than a block
+    (64, 4, 2, 16, 64, 16, 4, 24, 2, None),  # from position 0: window tiles reach the sinks
+])
+def test_prefill_attention_loops_match_reference(case, loops, monkeypatch):
+    """The three-loop prefill kernel and the one-list kernel both give the reference result,
+    routed blocks inside some queries' windows and -1 slots included, with a block table too."""
+    from docqa.kernels.attention import triton_sparse
+    from docqa.kernels.attention.naive import naive_sparse_attention
+    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+
+    monkeypatch.setattr(triton_sparse, "PREFILL_LOOPS", loops)
+    t, hq, hkv, d, n, bs, sinks, window, top_k, rc = case
+    q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=sum(case[:9]))
+    nb = -(-n // bs)
+    n_c = -(-t // rc) if rc else 1
+    g = torch.Generator().manual_seed(n)
+    inside = max(0, (n - window) // bs)  # a block inside the window of the chunk's later queries
+    others = torch.tensor([b for b in range(nb) if b != inside])
+    idx = torch.stack([torch.stack([others[torch.randperm(nb - 1, generator=g)[:top_k]] for _ in range(hkv)])
+                       for _ in range(n_c)]).to(DEVICE)  # routing never picks a block twice
+    idx[0, -1, 0] = -1
+    idx[-1, 0, 1] = inside
+    off = n - t
+    perm = torch.randperm(nb + 2, generator=g)[:nb].to(DEVICE)
+    kp, vp = (torch.full(((nb + 2) * bs, hkv, d), float("nan"), device=DEVICE) for _ in range(2))
+    rows = (perm[:, None] * bs + torch.arange(bs, device=DEVICE)).reshape(-1)[:n]
+    kp[rows], vp[rows] = k, v
+    for table in (None, perm.int()):
+        kk, vv = (k, v) if table is None else (kp, vp)
+        out = torch.full((t, hq, d), float("nan"), device=DEVICE)
+        o, l = fused_sparse_attention(q, kk, vv, off, idx, bs, sinks, window, out=out, num_splits=1,
+                                      route_chunk=rc, block_table=table)
+        for c in range(n_c):
+            a, e = (c * rc, min(t, (c + 1) * rc)) if rc else (0, t)
+            ro, rl = naive_sparse_attention(q[a:e], k, v, off + a, idx[c], bs, sinks, window)
+            assert rel_err(o[a:e], ro) < ATT_TOL[torch.float32] and rel_err(l[a:e], rl) < 1e-3

@@ -30,6 +30,10 @@ LOG2E = 1.4426950408889634
 # Knobs the H200 bench times against each other (bench/gpu.py --variants); module-level so a
 # run can flip one without touching call sites.
 FAST_WHOLE_TILES = True  # attention skips the per-element mask on tiles every row sees whole
+# prefill (no key splits) through `_sparse_prefill_attn_kernel`'s three loops, not the one-list kernel
+PREFILL_LOOPS = True
+PREFILL_LAUNCH = {"num_warps": 8, "num_stages": 3}  # for 128-row programs; 64-row ones take 4 warps
+PREFILL_BLOCK_M = 128  # query rows (query x GQA head) per prefill program in long chunks
 MAX_SPLITS = 32  # split-KV programs per (query tile, kv head) in decode
 SCORE_TILE = (64, 256)  # (query rows, blocks) per program of prefill block scoring
 TOPK_TILE_MIN = 256  # smallest tile of the decode top-k's first pass (was 1024)
@@ -422,6 +426,177 @@ def _sparse_attn_kernel(
 
 
 @triton.jit
+def _softmax_update(s, v, m_i, l_i, acc, scale_log2):
+    """One key tile of online softmax: s [M, N] raw q.k (masked entries -inf), v [N, D]."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * scale_log2)
+    # rows that have seen no key yet keep a finite reference point (avoids inf - inf)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s * scale_log2 - m_ref[:, None])  # one FMA per score, not a multiply and a subtract
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _load_tile(ptr, rows, stride_n, col0, d, dmask, live, MASKED: tl.constexpr, FULL_D: tl.constexpr):
+    offs = rows[:, None] * stride_n + col0 + d[None, :]
+    if MASKED:
+        x = tl.load(ptr + offs, mask=live[:, None] & dmask[None, :], other=0.0)
+    elif FULL_D:
+        x = tl.load(ptr + offs)
+    else:
+        x = tl.load(ptr + offs, mask=dmask[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _window_tiles(q, k_ptr, v_ptr, btab_ptr, lo, hi, h, m_i, l_i, acc, pos, p_hi, sink_tokens, window,
+                  scale_log2, sk_n, sk_h, sv_n, sv_h, d, dmask,
+                  BLOCK: tl.constexpr, HAS_TABLE: tl.constexpr, MASKED: tl.constexpr, KV_FP8: tl.constexpr,
+                  FULL_D: tl.constexpr):
+    """Window tiles lo..hi-1, contiguous in logical key order. Unmasked tiles are the ones
+    every row of the program sees whole: no load mask, no score mask."""
+    j_in = tl.arange(0, BLOCK)
+    for blk in range(lo, hi):
+        j = blk * BLOCK + j_in
+        if HAS_TABLE:
+            rows = tl.load(btab_ptr + blk).to(tl.int64) * BLOCK + j_in
+        else:
+            rows = j.to(tl.int64)
+        live = j <= p_hi  # rows past the last query are never written: 0 * NaN would poison
+        k = _load_tile(k_ptr, rows, sk_n, h * sk_h, d, dmask, live, MASKED, FULL_D)
+        v = _load_tile(v_ptr, rows, sv_n, h * sv_h, d, dmask, live, MASKED, FULL_D)
+        if KV_FP8:
+            k = k.to(tl.bfloat16)
+            v = v.to(tl.bfloat16)
+        s = tl.dot(q, tl.trans(k))
+        if MASKED:
+            jj = j[None, :]
+            valid = (jj <= pos[:, None]) & (jj > pos[:, None] - window) & (jj >= sink_tokens)
+            s = tl.where(valid, s, float("-inf"))
+        m_i, l_i, acc = _softmax_update(s, v, m_i, l_i, acc, scale_log2)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _sparse_prefill_attn_kernel(
+    q_ptr, k_ptr, v_ptr, bidx_ptr, btab_ptr, out_ptr, lse_ptr, qoff_ptr,
+    n_q, group, n_sel, n_keys_static, sink_tokens, window, scale_log2,
+    sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk, far_k, far_v,
+    HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr, STAGED: tl.constexpr,
+    BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, KV_FP8: tl.constexpr,
+):
+    """`_sparse_attn_kernel` without key splits, for prefill: the same keys, visited as three
+    loops (routed blocks, sink tiles, window tiles) instead of one list with a per-item branch,
+    and the window split into masked edges and an unmasked middle, so the middle loop is
+    uniform (plain loads, no selects) and the compiler pipelines it."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    if QOFF_PTR:
+        q_offset = tl.load(qoff_ptr).to(tl.int32)
+    else:
+        q_offset = n_keys_static
+    n_rows = n_q * group
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = r < n_rows
+    t = r // group
+    hq = h * group + r % group
+    pos = q_offset + t
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0)
+    if KV_FP8:
+        q = q.to(tl.bfloat16)
+    t_hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_rows) - 1
+    p_lo = q_offset + (pid_m * BLOCK_M) // group
+    p_hi = q_offset + t_hi // group
+    rc = (pid_m * BLOCK_M) // group // sel_chunk
+    bidx_ptr += rc.to(tl.int64) * sb_c + h * sb_h
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # routed blocks: those before every row's window and past the sinks are read whole (scalar
+    # index loads: a per-key gather of the pick, tried for two-block tiles, ran 30 % slower)
+    j_in = tl.arange(0, BLOCK)
+    for item in range(0, n_sel):
+        blk = tl.load(bidx_ptr + item).to(tl.int32)
+        j0 = tl.maximum(blk, 0) * BLOCK
+        j = j0 + j_in
+        if HAS_TABLE:
+            phys = tl.load(btab_ptr + tl.maximum(blk, 0)).to(tl.int64)
+            koff = 0
+            voff = 0
+            if STAGED:  # a host block the staging kernel copied to the GPU: slot (chunk, head, pick)
+                far = phys < 0
+                phys = tl.where(far, (rc.to(tl.int64) * tl.num_programs(1) + h) * n_sel + item, phys)
+                koff = tl.where(far, far_k, 0)
+                voff = tl.where(far, far_v, 0)
+            rows = phys * BLOCK + j_in
+        else:
+            koff = 0
+            voff = 0
+            rows = j.to(tl.int64)
+        live = j <= p_hi
+        k = _load_tile(k_ptr + koff, rows, sk_n, h * sk_h, d, dmask, live, True, D == BLOCK_D)
+        v = _load_tile(v_ptr + voff, rows, sv_n, h * sv_h, d, dmask, live, True, D == BLOCK_D)
+        if KV_FP8:
+            k = k.to(tl.bfloat16)
+            v = v.to(tl.bfloat16)
+        s = tl.dot(q, tl.trans(k))
+        whole = (blk >= 0) & (j0 >= sink_tokens) & (j0 + BLOCK - 1 <= p_lo - window)
+        if whole == 0:
+            jj = j[None, :]
+            # each key counted once: a routed block skips what the sinks and window cover
+            valid = (blk >= 0) & (jj <= pos[:, None]) & (jj >= sink_tokens) & (jj <= pos[:, None] - window)
+            s = tl.where(valid, s, float("-inf"))
+        m_i, l_i, acc = _softmax_update(s, v, m_i, l_i, acc, scale_log2)
+    # sink tiles: keys below sink_tokens, causal
+    n_sink_tiles = (sink_tokens + BLOCK - 1) // BLOCK
+    for blk in range(0, n_sink_tiles):
+        j = blk * BLOCK + j_in
+        if HAS_TABLE:
+            rows = tl.load(btab_ptr + blk).to(tl.int64) * BLOCK + j_in
+        else:
+            rows = j.to(tl.int64)
+        live = j <= p_hi
+        k = _load_tile(k_ptr, rows, sk_n, h * sk_h, d, dmask, live, True, D == BLOCK_D)
+        v = _load_tile(v_ptr, rows, sv_n, h * sv_h, d, dmask, live, True, D == BLOCK_D)
+        if KV_FP8:
+            k = k.to(tl.bfloat16)
+            v = v.to(tl.bfloat16)
+        s = tl.dot(q, tl.trans(k))
+        valid = (j[None, :] <= pos[:, None]) & (j[None, :] < sink_tokens)
+        s = tl.where(valid, s, float("-inf"))
+        m_i, l_i, acc = _softmax_update(s, v, m_i, l_i, acc, scale_log2)
+    # window tiles: masked lead (window edges differ per row, or sinks inside), unmasked
+    # middle, masked tail (the causal diagonal)
+    win_first = tl.maximum(p_lo - window + 1, 0) // BLOCK
+    last = p_hi // BLOCK
+    whole_from = (tl.maximum(p_hi - window + 1, sink_tokens) + BLOCK - 1) // BLOCK
+    whole_to = (p_lo + 1) // BLOCK  # tiles below this end at or before every row's own position
+    lead_end = tl.minimum(tl.maximum(whole_from, win_first), last + 1)
+    mid_end = tl.maximum(tl.minimum(whole_to, last + 1), lead_end)
+    m_i, l_i, acc = _window_tiles(q, k_ptr, v_ptr, btab_ptr, win_first, lead_end, h, m_i, l_i, acc, pos, p_hi,
+                                  sink_tokens, window, scale_log2, sk_n, sk_h, sv_n, sv_h, d, dmask,
+                                  BLOCK, HAS_TABLE, True, KV_FP8, D == BLOCK_D)
+    m_i, l_i, acc = _window_tiles(q, k_ptr, v_ptr, btab_ptr, lead_end, mid_end, h, m_i, l_i, acc, pos, p_hi,
+                                  sink_tokens, window, scale_log2, sk_n, sk_h, sv_n, sv_h, d, dmask,
+                                  BLOCK, HAS_TABLE, False, KV_FP8, D == BLOCK_D)
+    m_i, l_i, acc = _window_tiles(q, k_ptr, v_ptr, btab_ptr, mid_end, last + 1, h, m_i, l_i, acc, pos, p_hi,
+                                  sink_tokens, window, scale_log2, sk_n, sk_h, sv_n, sv_h, d, dmask,
+                                  BLOCK, HAS_TABLE, True, KV_FP8, D == BLOCK_D)
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+    tl.store(out_ptr + t[:, None].to(tl.int64) * so_t + hq[:, None] * so_h + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+    tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
+
+
+@triton.jit
 def _merge_splits_kernel(
     po_ptr, plse_ptr, out_ptr, lse_ptr, group, so_t, so_h, sl_t, n_heads,
     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -567,7 +742,7 @@ def fused_sparse_attention(
     if t == 0:
         return out, lse
     rows = t * g
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else (64 if rows < 4096 else 128))
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else (64 if rows < 4096 else PREFILL_BLOCK_M))
     n_m = triton.cdiv(rows, block_m)
     if num_splits is None:
         num_splits = 1 if n_m * hkv >= 64 else max(1, min(MAX_SPLITS, DECODE_PROGRAMS // (n_m * hkv)))
@@ -606,6 +781,17 @@ def fused_sparse_attention(
                 block_idx, block_table, hk, hv, sk, sv, n_sel, block_idx.stride(0), block_idx.stride(1),
                 hk.stride(0), hk.stride(1), BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), num_warps=4)
             host_mode, far_k, far_v = 2, _far_offset(k, sk), _far_offset(v, sv)
+    if num_splits == 1 and host_mode != 1 and PREFILL_LOOPS:
+        launch = dict(PREFILL_LAUNCH) if rows >= 4096 else {"num_warps": 4, "num_stages": 2}
+        _sparse_prefill_attn_kernel[(n_m, hkv)](
+            q, k, v, block_idx, table, out, lse, qoff_t,
+            t, g, block_idx.shape[2], qoff_int, sink_tokens, window, scale * LOG2E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk,
+            far_k, far_v, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor, STAGED=host_mode == 2,
+            BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8, **launch,
+        )
+        return out, lse
     _sparse_attn_kernel[(n_m, hkv, num_splits)](
         q, k, v, block_idx, table, out, lse, po, plse, qoff_t,
         t, g, block_idx.shape[2], qoff_int, sink_tokens, window, scale * LOG2E,
