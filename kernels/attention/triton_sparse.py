@@ -25,6 +25,11 @@ import triton.language as tl
 
 from ..gpu import interpreting
 
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton
+    gdc_launch_dependents = gdc_wait = None
+
 
 LOG2E = 1.4426950408889634
 # Knobs the H200 bench times against each other (bench/gpu.py --variants); module-level so a
@@ -37,9 +42,31 @@ PREFILL_BLOCK_M = 128  # query rows (query x GQA head) per prefill program in lo
 MAX_SPLITS = 32  # split-KV programs per (query tile, kv head) in decode
 SCORE_TILE = (64, 256)  # (query rows, blocks) per program of prefill block scoring
 TOPK_TILE_MIN = 256  # smallest tile of the decode top-k's first pass (was 1024)
+# Programmatic dependent launch for the decode step's small kernels (block scores, top-k,
+# attention, split merge, argmax), as for the GEMVs (kernels/linear/triton_gemv.py): each waits
+# for its predecessor before its first load and lets its successor launch at once, so the
+# successor's launch latency hides under it. Needs triton_gemv.GEMV_PDL too (the bench turns
+# that off where PDL fails).
+ROUTING_PDL = True
 # decode attention aims at about this many programs (2 per SM, 132 SMs); the interpreter runs
 # programs one after another, so there a few splits keep the CPU tests quick
 DECODE_PROGRAMS = 4 if interpreting() else 256
+
+
+def _pdl(on: bool = True) -> dict:
+    """Launch arguments: PDL constexpr plus the launch attribute, when dependent launch is on."""
+    from ..linear import triton_gemv
+
+    if on and ROUTING_PDL and triton_gemv.GEMV_PDL and gdc_wait is not None:
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
+@triton.jit
+def _dependent_launch(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # inputs come from the previous kernel
+        gdc_launch_dependents()  # small grids: the next kernel's programs may get resident now
 
 
 @triton.jit
@@ -49,7 +76,9 @@ def _block_scores_kernel(
     sq_t, sq_h, sd_b, sd_h, so_c, so_h,
     MINMAX: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_END: tl.constexpr, CHUNK_END: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    _dependent_launch(PDL)
     h = tl.program_id(0)
     nb = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c = tl.program_id(2)
@@ -167,7 +196,7 @@ def fused_block_scores(
             MINMAX=method == "minmax", D=d, BLOCK_D=triton.next_power_of_2(d),
             BLOCK_M=block_m, BLOCK_N=block_n, HAS_END=candidates is not None,
             CHUNK_END=chunk_candidates is not None,
-            num_warps=8 if big else 4,
+            num_warps=8 if big else 4, **_pdl(candidates is not None),  # decode's scoring
         )
     elif nb:
         out.fill_(float("-inf"))
@@ -221,10 +250,11 @@ def fused_topk_blocks_unsorted(scores: torch.Tensor, top_k: int, first, end) -> 
 
 @triton.jit
 def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, TILE: tl.constexpr,
-                      DROP: tl.constexpr = False):
+                      DROP: tl.constexpr = False, PDL: tl.constexpr = False):
     """The K best of one tile of one row. Finite scores beat -inf ones (non-candidates, still
     valid picks when a row has fewer than K candidates); a picked entry and the padding past
     `n` are retired to -inf, below every real entry, so no index is picked twice."""
+    _dependent_launch(PDL)
     h = tl.program_id(0)
     tile = tl.program_id(1)
     offs = tile * TILE + tl.arange(0, TILE)
@@ -242,7 +272,8 @@ def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, T
 
 @triton.jit
 def _merge_topk_kernel(val_ptr, cidx_ptr, idx_ptr, n, sv_h, so_h, K: tl.constexpr, N_P2: tl.constexpr,
-                       DROP: tl.constexpr = False):
+                       DROP: tl.constexpr = False, PDL: tl.constexpr = False):
+    _dependent_launch(PDL)
     h = tl.program_id(0)
     offs = tl.arange(0, N_P2)
     x = tl.load(val_ptr + h * sv_h + offs, mask=offs < n, other=float("-inf"))
@@ -280,7 +311,7 @@ def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None
     if n_tiles == 1:
         vals = torch.empty(h, top_k, dtype=torch.float32, device=scores.device)
         _tile_topk_kernel[(h, 1)](scores, vals, out, nb, scores.stride(0), top_k, K=top_k, TILE=tile,
-                                  DROP=drop_noncandidates, num_warps=1)
+                                  DROP=drop_noncandidates, num_warps=1, **_pdl())
         return out
     vals = torch.empty(h, n_tiles * top_k, dtype=torch.float32, device=scores.device)
     cidx = torch.empty(h, n_tiles * top_k, dtype=torch.long, device=scores.device)
@@ -288,24 +319,20 @@ def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None
     # each round's reduction is register shuffles only (the H200 profile: 5-6 us per launch
     # with 4 warps, most of it cross-warp barriers).
     _tile_topk_kernel[(h, n_tiles)](scores, vals, cidx, nb, scores.stride(0), n_tiles * top_k, K=top_k, TILE=tile,
-                                    num_warps=1)
+                                    num_warps=1, **_pdl())
     _merge_topk_kernel[(h,)](vals, cidx, out, n_tiles * top_k, n_tiles * top_k, out.stride(0), K=top_k,
-                             N_P2=triton.next_power_of_2(n_tiles * top_k), DROP=drop_noncandidates, num_warps=1)
+                             N_P2=triton.next_power_of_2(n_tiles * top_k), DROP=drop_noncandidates, num_warps=1,
+                             **_pdl())
     return out
 
 
 @triton.jit
-def _sparse_attn_kernel(
-    q_ptr, k_ptr, v_ptr, bidx_ptr, btab_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, qoff_ptr,
-    n_q, group, n_sel, n_keys_static, sink_tokens, window, scale_log2,
-    sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk, far_k, far_v,
-    NUM_SPLITS: tl.constexpr, HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr, HOST: tl.constexpr,
-    BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    KV_FP8: tl.constexpr, FAST_WHOLE: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
+def _program_queries(q_ptr, qoff_ptr, pid_m, h, n_q, group, n_keys_static, sq_t, sq_h, sel_chunk,
+                     QOFF_PTR: tl.constexpr, KV_FP8: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_M: tl.constexpr):
+    """The rows of one attention program — (query, head of the GQA group) pairs — with their
+    query vectors and absolute positions, the program's first and last query position, and
+    its routing chunk (the wrapper checks that a program's rows lie in one)."""
     if QOFF_PTR:
         q_offset = tl.load(qoff_ptr).to(tl.int32)
     else:
@@ -315,25 +342,53 @@ def _sparse_attn_kernel(
     rmask = r < n_rows
     t = r // group
     hq = h * group + r % group
-    pos = q_offset + t  # absolute index of each row's query
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     q = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
                 mask=rmask[:, None] & dmask[None, :], other=0.0)
     if KV_FP8:
         q = q.to(tl.bfloat16)
-
-    # the tile list of this program: selected blocks, sink tiles, then window tiles
     t_hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_rows) - 1
     p_lo = q_offset + (pid_m * BLOCK_M) // group
     p_hi = q_offset + t_hi // group
+    rc = (pid_m * BLOCK_M) // group // sel_chunk
+    return q, t, hq, q_offset + t, rmask, d, dmask, p_lo, p_hi, rc
+
+
+@triton.jit
+def _store_rows(out_ptr, lse_ptr, acc, m_i, l_i, t, hq, rmask, d, dmask, so_t, so_h, sl_t):
+    """Normalise and store one program's rows: out, and lse in natural-log units (-inf for a
+    row with no visible key)."""
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+    tl.store(out_ptr + t[:, None].to(tl.int64) * so_t + hq[:, None] * so_h + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+    tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
+
+
+@triton.jit
+def _sparse_attn_kernel(
+    q_ptr, k_ptr, v_ptr, bidx_ptr, btab_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, qoff_ptr,
+    n_q, group, n_sel, n_keys_static, sink_tokens, window, scale_log2,
+    sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk, far_k, far_v,
+    NUM_SPLITS: tl.constexpr, HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr, HOST: tl.constexpr,
+    BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    KV_FP8: tl.constexpr, FAST_WHOLE: tl.constexpr, PDL: tl.constexpr = False,
+):
+    _dependent_launch(PDL)
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    q, t, hq, pos, rmask, d, dmask, p_lo, p_hi, rc = _program_queries(
+        q_ptr, qoff_ptr, pid_m, h, n_q, group, n_keys_static, sq_t, sq_h, sel_chunk, QOFF_PTR, KV_FP8, D, BLOCK_D,
+        BLOCK_M)
+    # the tile list of this program: selected blocks, sink tiles, then window tiles
     n_sink_tiles = (sink_tokens + BLOCK - 1) // BLOCK
     win_first = tl.maximum(p_lo - window + 1, 0) // BLOCK
     n_win_tiles = p_hi // BLOCK - win_first + 1
     n_items = n_sel + n_sink_tiles + n_win_tiles
     per = (n_items + NUM_SPLITS - 1) // NUM_SPLITS
-    # this program's rows lie in one routing chunk (the wrapper checks the tiling)
-    rc = (pid_m * BLOCK_M) // group // sel_chunk
     bidx_ptr += rc.to(tl.int64) * sb_c
     i_lo = split * per
     i_hi = tl.minimum(i_lo + per, n_items)
@@ -409,12 +464,7 @@ def _sparse_attn_kernel(
         m_i = m_new
 
     if NUM_SPLITS == 1:
-        empty = l_i == 0.0
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
-        tl.store(out_ptr + t[:, None].to(tl.int64) * so_t + hq[:, None] * so_h + d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
-        tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
+        _store_rows(out_ptr, lse_ptr, acc, m_i, l_i, t, hq, rmask, d, dmask, so_t, so_h, sl_t)
     else:
         # partials in base-2 log units, unnormalised accumulators divided by l
         empty = l_i == 0.0
@@ -493,26 +543,9 @@ def _sparse_prefill_attn_kernel(
     uniform (plain loads, no selects) and the compiler pipelines it."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    if QOFF_PTR:
-        q_offset = tl.load(qoff_ptr).to(tl.int32)
-    else:
-        q_offset = n_keys_static
-    n_rows = n_q * group
-    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = r < n_rows
-    t = r // group
-    hq = h * group + r % group
-    pos = q_offset + t
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < D
-    q = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
-                mask=rmask[:, None] & dmask[None, :], other=0.0)
-    if KV_FP8:
-        q = q.to(tl.bfloat16)
-    t_hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M, n_rows) - 1
-    p_lo = q_offset + (pid_m * BLOCK_M) // group
-    p_hi = q_offset + t_hi // group
-    rc = (pid_m * BLOCK_M) // group // sel_chunk
+    q, t, hq, pos, rmask, d, dmask, p_lo, p_hi, rc = _program_queries(
+        q_ptr, qoff_ptr, pid_m, h, n_q, group, n_keys_static, sq_t, sq_h, sel_chunk, QOFF_PTR, KV_FP8, D, BLOCK_D,
+        BLOCK_M)
     bidx_ptr += rc.to(tl.int64) * sb_c + h * sb_h
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -521,7 +554,7 @@ def _sparse_prefill_attn_kernel(
     # routed blocks: those before every row's window and past the sinks are read whole (scalar
     # index loads: a per-key gather of the pick, tried for two-block tiles, ran 30 % slower)
     j_in = tl.arange(0, BLOCK)
-    for item in range(0, n_sel):
+    for item in range(n_sel):
         blk = tl.load(bidx_ptr + item).to(tl.int32)
         j0 = tl.maximum(blk, 0) * BLOCK
         j = j0 + j_in
@@ -555,7 +588,7 @@ def _sparse_prefill_attn_kernel(
         m_i, l_i, acc = _softmax_update(s, v, m_i, l_i, acc, scale_log2)
     # sink tiles: keys below sink_tokens, causal
     n_sink_tiles = (sink_tokens + BLOCK - 1) // BLOCK
-    for blk in range(0, n_sink_tiles):
+    for blk in range(n_sink_tiles):
         j = blk * BLOCK + j_in
         if HAS_TABLE:
             rows = tl.load(btab_ptr + blk).to(tl.int64) * BLOCK + j_in
@@ -588,20 +621,16 @@ def _sparse_prefill_attn_kernel(
     m_i, l_i, acc = _window_tiles(q, k_ptr, v_ptr, btab_ptr, mid_end, last + 1, h, m_i, l_i, acc, pos, p_hi,
                                   sink_tokens, window, scale_log2, sk_n, sk_h, sv_n, sv_h, d, dmask,
                                   BLOCK, HAS_TABLE, True, KV_FP8, D == BLOCK_D)
-    empty = l_i == 0.0
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
-    tl.store(out_ptr + t[:, None].to(tl.int64) * so_t + hq[:, None] * so_h + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
-    tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
+    _store_rows(out_ptr, lse_ptr, acc, m_i, l_i, t, hq, rmask, d, dmask, so_t, so_h, sl_t)
 
 
 @triton.jit
 def _merge_splits_kernel(
     po_ptr, plse_ptr, out_ptr, lse_ptr, group, so_t, so_h, sl_t, n_heads,
     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    _dependent_launch(PDL)
     # One program per (query row, kv head), all splits in one load: the merge is latency-bound
     # (a decode step has 4 rows per head), so one round trip beats a loop over the splits.
     r = tl.program_id(0)
@@ -799,13 +828,13 @@ def fused_sparse_attention(
         block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk, far_k, far_v,
         NUM_SPLITS=num_splits, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor, HOST=host_mode,
         BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8, FAST_WHOLE=FAST_WHOLE_TILES,
-        num_warps=8 if block_m == 128 else 4, num_stages=2,
+        num_warps=8 if block_m == 128 else 4, num_stages=2, **_pdl(),
     )
     if num_splits > 1:
         _merge_splits_kernel[(rows, hkv)](
             po, plse, out, lse, g, out.stride(0), out.stride(1), lse.stride(0), hkv,
             NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), D=d, BLOCK_D=block_d,
-            BLOCK_M=block_m, num_warps=1 if block_d <= 128 else 2,
+            BLOCK_M=block_m, num_warps=1 if block_d <= 128 else 2, **_pdl(),
         )
     return out, lse
 
@@ -820,7 +849,8 @@ def fused_attention(
 
 
 @triton.jit
-def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, n, TILE: tl.constexpr):
+def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, n, TILE: tl.constexpr, PDL: tl.constexpr = False):
+    _dependent_launch(PDL)
     p = tl.program_id(0)
     offs = p * TILE + tl.arange(0, TILE)
     x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
@@ -830,7 +860,8 @@ def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, n, TILE: tl.constexpr):
 
 
 @triton.jit
-def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, n, N_P2: tl.constexpr):
+def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, n, N_P2: tl.constexpr, PDL: tl.constexpr = False):
+    _dependent_launch(PDL)
     offs = tl.arange(0, N_P2)
     x = tl.load(val_ptr + offs, mask=offs < n, other=float("-inf"))
     best, at = tl.max(x, axis=0, return_indices=True)
@@ -851,6 +882,7 @@ def fused_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
         out = torch.empty(1, dtype=torch.long, device=x.device)
     vals = torch.empty(parts, dtype=torch.float32, device=x.device)
     idx = torch.empty(parts, dtype=torch.long, device=x.device)
-    _argmax_part_kernel[(parts,)](flat, vals, idx, n, TILE=tile, num_warps=4)
-    _argmax_merge_kernel[(1,)](vals, idx, out, parts, N_P2=max(16, triton.next_power_of_2(parts)), num_warps=1)
+    _argmax_part_kernel[(parts,)](flat, vals, idx, n, TILE=tile, num_warps=4, **_pdl())
+    _argmax_merge_kernel[(1,)](vals, idx, out, parts, N_P2=max(16, triton.next_power_of_2(parts)), num_warps=1,
+                               **_pdl())
     return out

@@ -1,33 +1,33 @@
-"""Prefill sparse attention at a 127K position, one kernel launch per variant, on one GPU.
+"""Kernel-level A/B timings on one GPU, for the choices bench/gpu.py's full run cannot vary cheaply.
 
-The shape of one layer of a 4096-token prefill chunk of bench/gpu.py's 8B-shaped model at
+1. Prefill sparse attention at a 127K position, one kernel launch per variant. The shape of one layer of a 4096-token prefill chunk of bench/gpu.py's 8B-shaped model at
 131072 - 4096: q [4080, 32, 128] (the chunk less its routed tail), K/V [131072, 8, 128] bf16,
 eight routing chunks of 512 queries with 16 routed blocks each per kv head, window 1024,
 4 sinks, blocks of 64 (engine/settings.py). Times the one-list kernel (`PREFILL_LOOPS=False`)
 against the three-loop prefill kernel under several launch configurations, checks every
 variant's output against the one-list kernel's, and prints TFLOP/s counted on the keys each
 query really attends to (sinks + window + 16 x 64 routed).
+2. The prefill chunk's projections at 4096 and 8192 rows (is a longer chunk worth it?).
+3. `--decode`: the graphed decode step of the 8B-shaped model at 128K (random-filled cache)
+   with and without programmatic dependent launch of the routing kernels, alternated.
 
-    python3 bench/gpu_attn_tune.py [--reps 30]
+    python3 bench/gpu_tune.py [--reps 30] [--decode]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 
 import torch
+import triton
 
 if __package__ in (None, ""):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shim = tempfile.mkdtemp(prefix="docqa-path-")
-    os.symlink(root, os.path.join(shim, "docqa"))
-    sys.path.insert(0, shim)
+    from gpu_path import import_checkout
 
-from docqa.kernels.attention import triton_sparse  # noqa: E402
-from docqa.kernels.attention.triton_sparse import fused_sparse_attention  # noqa: E402
+    import_checkout()
+
+from docqa.kernels.attention import triton_sparse
+from docqa.kernels.attention.triton_sparse import fused_sparse_attention
 
 
 def timed(fn, reps: int) -> float:
@@ -46,7 +46,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--decode", action="store_true")
     args = ap.parse_args()
+    if args.decode:
+        decode_pdl(args.context)
     torch.manual_seed(0)
     t, hq, hkv, d, blk, sinks, window, top_k, rc = 4080, 32, 8, 128, 64, 4, 1024, 16, 512
     n = args.context
@@ -76,7 +79,7 @@ def main() -> None:
         try:
             out.fill_(float("nan"))
             ms = timed(run, args.reps)
-        except Exception as e:  # a configuration the compiler refuses (shared memory)
+        except triton.runtime.errors.OutOfResources as e:  # a configuration too big for shared memory
             print(f"{name}: failed ({type(e).__name__}: {str(e)[:80]})")
             continue
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
@@ -100,10 +103,35 @@ def gemm_rates() -> None:
         for k_in, n_out in shapes:
             a = torch.randn(m, k_in, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(n_out, k_in, device="cuda", dtype=torch.bfloat16)
-            total_ms += timed(lambda: a @ w.t(), 20)
+            total_ms += timed(lambda a=a, w=w: a @ w.t(), 20)
             total_flop += 2 * m * k_in * n_out
         print(f"projections at {m} rows: {total_ms / m * 1e3:.2f} us per token, {total_flop / total_ms / 1e9:.0f} TFLOP/s")
 
 
 if __name__ == "__main__":
     main()
+
+
+def decode_pdl(n: int, reps: int = 30) -> None:
+    from docqa.engine.gpu.model import LLAMA3_8B, GraphedDecode, KVCache, Model, Weights
+
+    model = Model(LLAMA3_8B, Weights(LLAMA3_8B))
+    kv = KVCache(LLAMA3_8B, n + 4 * reps + 64)
+    kv.fill_random(n)
+    for on in (True, False, True, False):
+        triton_sparse.ROUTING_PDL = on
+        g = GraphedDecode(model, kv, n)
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        print(f"decode @ {n}, routing kernels {'with' if on else 'without'} PDL: {sorted(ts)[reps // 2]:.3f} ms/token "
+              f"(median of {reps})", flush=True)
+        del g
+    triton_sparse.ROUTING_PDL = True
+    del model, kv
+    torch.cuda.empty_cache()
