@@ -243,3 +243,92 @@ def test_tiered_kv_cache_gives_the_resident_caches_results():
     assert tiered.moves["segments_to_host"] >= (tiered.evicted - 32) // 32
     # the descriptors of the two caches agree, so both route alike
     assert torch.equal(tiered.kmin[:, : n // 16], plain.kmin[:, : n // 16])
+
+
+@pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
+                    reason="needs triton and either CUDA or TRITON_INTERPRET=1")
+def test_tiered_kv_cache_with_disk_tier_and_promotion_gives_the_resident_caches_results(tmp_path, monkeypatch):
+    """A ring of 3 segments, a host pool of 6 and 2 hot slots for a 12-segment context: prefill
+    sends segments to disk, routing picks some of them back (in prefill and in decode), decode
+    promotes its most-picked host segments to the hot slots — and the logits and greedy tokens
+    are the all-resident KVCache's. Every attention launch is checked on its way in: no block it
+    reads (picks, sinks, window) has an ON_DISK table entry."""
+    from docqa.engine.gpu import model as gpu_model
+    from docqa.engine.gpu.model import GraphedDecode, KVCache, Model, Routing, Shape, Weights
+    from docqa.engine.gpu.tiering import ON_DISK, TieredKVCache
+
+    dev = "cuda" if has_cuda() and not interpreting() else "cpu"
+    shape = Shape(layers=1, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=100)
+    weights = Weights(shape, device=dev)
+    routing = Routing(sinks=4, window=32, block=16, top_k=2, route_chunk=32, route_tail=8)
+    n, chunk, steps, seg = 384, 64, 6, 32
+    toks = torch.randint(0, 100, (n,), generator=torch.Generator().manual_seed(3)).to(dev)
+    model = Model(shape, weights, routing, gemv=())  # plain decode projections: the interpreter's GEMV is slow
+    plain = KVCache(shape, n + steps, block=16, device=dev)
+    tiered = TieredKVCache(shape, n + steps, seg * (1 + 3 + 2), block=16, segment=seg, device=dev, host_segments=6,
+                           disk_dir=str(tmp_path), hot_segments=2)
+    assert tiered.ring == 3 * seg and tiered.host_slots == 6
+
+    launches = []  # per tiered launch: (segments on disk at the time, picks read from hot slots)
+    resident_decode_picks = []
+    real = gpu_model.fused_sparse_attention
+
+    def checked(q, k, v, q_offset, block_idx, block_size, sinks, window, **kw):
+        table = kw.get("block_table")
+        if table is None and q.shape[0] == 1:
+            resident_decode_picks.append(block_idx.reshape(-1).clone())
+        if table is not None:
+            q0, t = int(q_offset), q.shape[0]
+            lo, hi = max(q0 - window + 1, 0) // block_size, (q0 + t - 1) // block_size
+            picks = table[block_idx.reshape(-1).clamp_min(0)]
+            read = torch.cat([picks, table[lo: hi + 1], table[:1]])
+            assert not (read == ON_DISK).any(), "an ON_DISK table entry reached the attention kernel"
+            launches.append((len(tiered.disk), int((picks >= tiered.hot_row0 // block_size).sum())))
+        return real(q, k, v, q_offset, block_idx, block_size, sinks, window, **kw)
+
+    monkeypatch.setattr(gpu_model, "fused_sparse_attention", checked)
+    outs = []
+    for kv in (plain, tiered):
+        logits = model.prefill(toks, kv, chunk=chunk)
+        if kv is tiered:
+            assert kv.disk and kv.moves["segments_to_disk"] >= 2
+            with pytest.raises(RuntimeError, match="on disk"):
+                GraphedDecode._refuse_disk(kv)  # a graph has no fault check
+            kv.prepare(n, n + steps)
+            # Seed the counts with the picks the first step will make (the resident run's: same
+            # descriptors, same routing), so promotion deterministically serves reads in this test;
+            # three rebalances: snapshot, promote (copy), point the table at the hot rows.
+            kv.record_use(resident_decode_picks[0])
+            for _ in range(3):
+                kv.rebalance()
+            assert kv.hot
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+        pos = torch.tensor([n], dtype=torch.int32, device=dev)
+        seq = []
+        for _ in range(steps):
+            model.decode_step(tok, pos, kv)
+            seq.append(int(tok))
+            if kv is tiered:
+                kv.rebalance()
+        outs.append((logits.float(), seq))
+    (la, sa), (lb, sb) = outs
+    assert ((la - lb).norm() / la.norm()).item() < 1e-2
+    assert sa == sb
+    m = tiered.moves
+    assert m["segments_to_disk"] > 0 and m["segments_from_disk"] > 0 and m["bytes_disk_io"] > 0
+    assert m["promotions"] > 0 and tiered.hot
+    assert any(d for d, _ in launches), "no launch ran with segments on disk"
+    assert sum(h for _, h in launches) > 0, "no pick was read from a hot slot"
+    # every tier holds the very keys the resident cache has
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    where = {tiered.where(p) for p in range(tiered.pin, tiered.evicted, seg)}
+    assert {"hot", "host", "disk"} <= where
+    for seg_id, slot in tiered.host_slot.items():
+        p = seg_id * seg
+        assert torch.equal(tiered.hk[:, slot * seg: (slot + 1) * seg].to(dev), plain.k[:, p: p + seg])
+    for seg_id, slot in tiered.hot.items():
+        p, r = seg_id * seg, tiered.hot_row0 + slot * seg
+        assert torch.equal(tiered.k[:, r: r + seg], plain.k[:, p: p + seg])
+    tiered.close()
+    assert not list(tmp_path.iterdir())

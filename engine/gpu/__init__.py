@@ -10,4 +10,8 @@
   beside the weights (1M tokens on one H200): a GPU ring plus pinned CPU memory, segments moved
   oldest-written first on a side stream, a block table the attention kernel reads through
   (CPU-resident blocks read in place over PCIe in decode, staged to the GPU in prefill).
+  Optional: GPU "hot" slots that the most-picked CPU segments are promoted to (decode counts
+  its picks on the device; `rebalance()` between graph replays moves them), and a capped CPU
+  pool with disk as the cold tier (LRU segment files; while any segment is on disk the model
+  checks each attention launch's picks on the host and faults them back first: eager only).
 """

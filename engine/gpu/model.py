@@ -117,6 +117,8 @@ class KVCache:
 
     ring_arg = NO_RING  # every position at its own row
     table = None  # no block table: logical block = physical block
+    disk = ()  # no segment on disk
+    usage = None  # no promotion counts
 
     def host(self, layer: int):
         return None
@@ -208,6 +210,7 @@ class Model:
         # prefill routing: candidate masks in the block-score kernel and -1 for non-candidate picks
         # in the top-k kernels (was: torch masks, where, gather over the scores per layer)
         self.fold_routing = True
+        self._decode_picks: list[torch.Tensor] = []  # a tiered decode step's routing picks (promotion)
         half = shape.head_dim // 2
         self.inv_freq = 1.0 / shape.rope_theta ** (
             torch.arange(half, dtype=torch.float64, device=weights.embed.device) * 2 / shape.head_dim)
@@ -254,6 +257,16 @@ class Model:
         self._attend_routed(layer, q, kv, p0, chunk, c, idx, out)
 
     def _attend_routed(self, layer, q, kv, p0: int, chunk: int, c: int, idx: torch.Tensor, out: torch.Tensor) -> None:
+        if _on_disk(kv):
+            # tiered with segments on disk: launch by groups of routing chunks whose picks the host
+            # pool can hold at once, each after its disk segments are back (no ON_DISK entry is read)
+            for c0, c1 in kv.fault_groups(idx, c):
+                a, b = c0 * chunk, min(c1 * chunk, q.shape[0])
+                self._launch_routed(layer, q[a:b], kv, p0 + a, chunk, c1 - c0, idx[c0:c1], out[a:b])
+            return
+        self._launch_routed(layer, q, kv, p0, chunk, c, idx, out)
+
+    def _launch_routed(self, layer, q, kv, p0: int, chunk: int, c: int, idx: torch.Tensor, out: torch.Tensor) -> None:
         r = self.r
         host = kv.host(layer)
         staging = None
@@ -277,6 +290,11 @@ class Model:
         # the window covers (or not yet written), whose keys the kernel masks (exact because no
         # block precedes `first` when sinks < block), so the raw top-k needs no clean-up launches.
         idx = fused_decode_topk(scores, min(r.top_k, scores.shape[-1]))
+        if kv.table is not None:
+            if kv.disk:
+                kv.fault_in(idx)  # eager only: a host sync, then the picked disk segments come back
+            if kv.usage is not None:
+                self._decode_picks.append(idx)  # counted once per step (promotion)
         # tiered: selected blocks in CPU memory are read in place over PCIe (each once per step)
         out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, idx, r.block, r.sinks, r.window,
                                         block_table=kv.table, host=kv.host(layer))
@@ -399,8 +417,12 @@ class Model:
         x = self.w.embed[tok]
         cos, sin = self.cos_sin(pos)
         end = self.decode_end(pos)  # once per step, not per layer: fewer graph nodes
+        self._decode_picks = []
         for i in range(self.s.layers):
             x = self.layer(i, x, kv, cos, sin, pos=pos, mode=mode, dense_len=dense_len, end=end)
+        if self._decode_picks:  # tiered with promotion: one count of all layers' picks, on the device
+            kv.record_use(torch.cat([p.reshape(-1) for p in self._decode_picks]))
+            self._decode_picks = []
         logits = self.logits_last(x, gemv="lm_head" in self.gemv)
         if self.fast_argmax:
             fused_argmax(logits, out=tok)
@@ -410,8 +432,16 @@ class Model:
             pos.add_(1)
 
 
+def _on_disk(kv) -> bool:
+    """A tiered cache with segments on disk: every attention launch checks its picks first."""
+    return kv.table is not None and bool(kv.disk)
+
+
 class GraphedDecode:
-    """One decode step captured as a CUDA graph over static token/position buffers."""
+    """One decode step captured as a CUDA graph over static token/position buffers. With a tiered
+    cache: while any segment is on disk, neither capture nor replay (the graph has no fault
+    check, so it could read a disk entry); the loop then decodes eagerly (`Model.decode_step`).
+    A decode loop with promotion calls `kv.rebalance()` between replays."""
 
     def __init__(self, model: Model, kv: KVCache, start_pos: int, mode: str = "sparse", warmup: int = 2):
         self.tok = torch.zeros(1, dtype=torch.long, device="cuda")
@@ -421,6 +451,8 @@ class GraphedDecode:
         if kv.table is not None:  # tiered KV: the positions the replays append to are mapped on the GPU
             kv.prepare(start_pos, min(start_pos + 512, kv.capacity))
             assert kv.evicted <= max(start_pos - model.r.window, kv.pin), "window moved off the GPU: ring too small"
+            self._refuse_disk(kv)
+        self.kv = kv
         step = lambda: model.decode_step(self.tok, self.pos, kv, mode, dense_len)
         with torch.inference_mode():
             s = torch.cuda.Stream()
@@ -439,5 +471,11 @@ class GraphedDecode:
         self.pos.fill_(self.start)
         self.tok.fill_(1)
 
+    @staticmethod
+    def _refuse_disk(kv) -> None:
+        if _on_disk(kv):
+            raise RuntimeError(f"{len(kv.disk)} KV segments on disk: decode eagerly (Model.decode_step)")
+
     def replay(self) -> None:
+        self._refuse_disk(self.kv)
         self.graph.replay()
