@@ -19,30 +19,18 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 import traceback
 
 import torch
 
-if __package__ in (None, ""):
-    # run as a script from a checkout: make the repository importable as `docqa`
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shim = tempfile.mkdtemp(prefix="docqa-path-")
-    os.symlink(root, os.path.join(shim, "docqa"))
-    sys.path.insert(0, shim)
-    # The bench needs only engine/gpu and kernels/: skip engine/__init__ (checkpoint loaders,
-    # tokenizer) so a machine without those extras still runs it.
-    import types
+if __package__ in (None, ""):  # run as a script from a checkout
+    from gpu_path import import_checkout
 
-    import docqa  # noqa: F401
+    import_checkout()
 
-    _engine = types.ModuleType("docqa.engine")
-    _engine.__path__ = [os.path.join(root, "engine")]
-    sys.modules["docqa.engine"] = _engine
-
-from docqa.engine.gpu.model import (  # noqa: E402
+from docqa.engine.gpu.model import (
     GEMV_ALL,
     GEMV_DEFAULT,
     LLAMA3_8B,
@@ -296,7 +284,7 @@ class knobs:
         from docqa.kernels.linear import triton_gemv
         self.mods = {"FAST_WHOLE_TILES": triton_sparse, "MAX_SPLITS": triton_sparse, "DECODE_PROGRAMS": triton_sparse,
                      "TOPK_TILE_MIN": triton_sparse, "SCORE_TILE": triton_sparse, "NORM_EPILOGUE": triton_gemv,
-                     "GEMV_PDL": triton_gemv}
+                     "GEMV_PDL": triton_gemv, "ROUTING_PDL": triton_sparse, "PREFILL_LOOPS": triton_sparse}
         self.kw, self.old = kw, {}
 
     def __enter__(self):
@@ -311,6 +299,7 @@ class knobs:
 
 # each change undone alone, then all at once (the 2026-11-30 kernels)
 DECODE_VARIANTS = {
+    "routing kernels without dependent launch (s5)": {"ROUTING_PDL": False},
     "GEMVs without programmatic dependent launch (s4)": {"GEMV_PDL": False},
     "gemv norm as a prologue pass (old)": {"NORM_EPILOGUE": False},
     "top-k first-pass tiles of 1024 (old)": {"TOPK_TILE_MIN": 1024},
@@ -321,6 +310,7 @@ DECODE_VARIANTS = {
                                "DECODE_PROGRAMS": 128, "argmax": False, "fused_qkv": False, "GEMV_PDL": False},
 }
 PREFILL_VARIANTS = {
+    "attention as one tile list, one branch per tile (s5)": {"PREFILL_LOOPS": False},
     "routing masks by torch ops, not in the kernels (s4)": {"fold_routing": False},
     "KV store + descriptors by torch ops (old)": {"fused_store": False},
     "routing top-k by torch.topk + sort (old)": {"fast_topk": False},
@@ -468,6 +458,13 @@ def dense(model, lengths):
         torch.cuda.empty_cache()
 
 
+@stage("HF transformers (LlamaForCausalLM, SDPA attention, its dynamic cache), same shape, random bf16 weights")
+def hf(shape, lengths):
+    from gpu_hf import hf_figures
+
+    RESULTS.update(hf_figures(shape, lengths, say=say))
+
+
 @stage("sparse, bf16 KV tiered (GPU ring + pinned CPU memory): 1M context")
 def sparse_1m_tiered(model, n):
     """bf16 KV for n tokens does not fit beside the weights: the GPU pool takes what fits (after
@@ -594,6 +591,165 @@ def sparse_1m(model, n):
     say(f"   decode while the side stream moves segments: {with_copies:.2f} ms/token (alone {alone:.2f})")
 
 
+# --- --tiers: promotion (CPU -> GPU hot slots) and the disk tier (engine/gpu/tiering.py) ----------
+TIERS = {"context": 262144, "gpu_gib": 8.0, "hot": 16, "steps": 256, "every": 16, "disk_segments": 4,
+         "disk_dir": None}
+
+
+def _warm_topk(model):
+    """Routing top-k kernel shapes of a growing context, compiled outside the timings."""
+    from docqa.kernels.attention.triton_sparse import fused_decode_topk
+    for nb in (256, 512, 1024, 2048, 4096, 8192, 16384):
+        fused_decode_topk(torch.randn(8, nb, device="cuda"), model.r.top_k)
+
+
+def _timed_prefill(model, kv, toks):
+    model.prefill(toks[:8192], kv)  # compile the tiered kernel variants outside the timing
+    _warm_topk(model)
+    torch.cuda.synchronize()
+    t0 = time.time()
+    model.prefill(toks, kv)
+    torch.cuda.synchronize()
+    return time.time() - t0
+
+
+def _decode_run(model, kv, n, steps, *, track: bool, every: int = 0) -> float:
+    """ms/token over `steps` graphed greedy steps from position n (wall clock, one sync at the
+    end); with `every`, kv.rebalance() between replays every `every` steps (promotion)."""
+    usage = kv.usage
+    kv.usage = usage if track else None  # the captured step counts picks only when tracking
+    try:
+        g = GraphedDecode(model, kv, n)
+    finally:
+        kv.usage = usage
+    for _ in range(8):  # warm replays (and the first rebalance's snapshot), then the timed run
+        g.replay()
+    g.reset()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    for i in range(steps):
+        g.replay()
+        if every and (i + 1) % every == 0:
+            kv.rebalance()
+    torch.cuda.synchronize()
+    ms = (time.time() - t0) * 1e3 / steps
+    del g
+    return ms
+
+
+def _pick_shares(kv) -> dict:
+    """Where the (decayed) decode picks of the last rebalance period fell, by table target."""
+    if kv._use_host is None:
+        return {}
+    use = kv._use_host.view(kv.n_seg, kv.sb).sum(1)
+    tot = float(use.sum()) or 1.0
+    hot = sum(float(use[x]) for x in kv.hot)
+    host = sum(float(use[x]) for x in kv.host_lru if x not in kv.hot)
+    return {"hot": hot / tot, "host": host / tot, "gpu_ring_or_pin": 1 - (hot + host) / tot}
+
+
+@stage("tiers: promotion of routed CPU segments to GPU hot slots (bf16 KV tiered, small GPU pool)")
+def tiers_promotion(model, n):
+    s = model.s
+    per_tok = 2 * s.layers * s.kv_heads * s.head_dim * 2
+    gpu_tokens = int(TIERS["gpu_gib"] * 2**30 // per_tok)
+    kv = TieredKVCache(s, n + 4096 + 512, gpu_tokens, block=model.r.block, segment=2048,
+                       hot_segments=TIERS["hot"], track_use=True)
+    sz = kv.nbytes()
+    say(f"   context {n}: GPU pool {sz['gpu_kv'] / 2**30:.1f} GiB (pin + ring {kv.ring} tokens + {kv.hot_segments} hot "
+        f"segments of 2048), pinned CPU pool {sz['host_kv'] / 2**30:.1f} GiB")
+    toks = torch.randint(0, s.vocab, (n,), device="cuda")
+    pre = _timed_prefill(model, kv, toks)
+    out = RESULTS["tiers_promotion"] = {"context": n, "gpu_kv_GiB": sz["gpu_kv"] / 2**30,
+                                        "host_kv_GiB": sz["host_kv"] / 2**30, "prefill_s": pre,
+                                        "host_share": (kv.evicted - kv.pin) / n}
+    say(f"   prefill {n}: {pre:.2f} s; {kv.evicted - kv.pin} tokens ({out['host_share']:.0%}) now in CPU memory")
+    steps, every = TIERS["steps"], TIERS["every"]
+    out["decode_ms_off"] = off = _decode_run(model, kv, n, steps, track=False)
+    say(f"   decode @ {n}, promotion off (no counting): {off:.3f} ms/token ({steps} graphed steps)")
+    out["decode_ms_counting"] = cnt = _decode_run(model, kv, n, steps, track=True)
+    say(f"   same, picks counted in the graph but no rebalance: {cnt:.3f} ms/token (+{cnt - off:.3f})")
+    kv.usage.zero_()
+    before = dict(kv.moves)
+    out["decode_ms_promotion"] = on = _decode_run(model, kv, n, steps, track=True, every=every)
+    moved = {k: kv.moves[k] - before[k] for k in ("promotions", "hot_evictions")}
+    out.update(moves=moved, hot_segments_now=len(kv.hot), pick_shares=_pick_shares(kv))
+    say(f"   same, rebalance() every {every} steps (up to {kv.max_promote} promotions of 256 MiB each): {on:.3f} "
+        f"ms/token ({on - off:+.3f}); {moved['promotions']} promotions, {moved['hot_evictions']} hot evictions; "
+        f"last period's picks: {', '.join(f'{k} {v:.1%}' for k, v in out['pick_shares'].items())}")
+    # the hot set left in place, counting off: what the promoted segments save per step
+    out["decode_ms_hot_kept_no_counting"] = kept = _decode_run(model, kv, n, steps, track=False)
+    say(f"   promotion off again with those {len(kv.hot)} hot segments kept: {kept:.3f} ms/token")
+    del kv
+
+
+@stage("tiers: disk as the cold tier (host pool capped; segments of 512 tokens)")
+def tiers_disk(model, n):
+    """A host pool that holds one decode layer's picks (kv heads x top-k segments) plus room for
+    the prefill's moves in flight, a GPU ring for the rest but `disk_segments` segments, which
+    go to disk as the prefill ends. Random weights route almost at random, so nearly every layer
+    of every later step picks a disk segment: this measures the mechanism's costs."""
+    s, r = model.s, model.r
+    seg = 512
+    host = s.kv_heads * r.top_k + 2 * 4096 // seg + 8
+    cap = -(-(n + 4096 + 512) // seg) * seg
+    # the ring leaves host + disk_segments segments (after the pin) behind it once n tokens are in
+    gpu_tokens = n - (host + TIERS["disk_segments"]) * seg
+    d = TIERS["disk_dir"] or tempfile.mkdtemp(prefix="docqa-kv-")
+    kv = TieredKVCache(s, cap, gpu_tokens, block=r.block, segment=seg, host_segments=host, disk_dir=d)
+    sz = kv.nbytes()
+    say(f"   context {n}: GPU pool {sz['gpu_kv'] / 2**30:.1f} GiB (ring {kv.ring} tokens), pinned CPU pool "
+        f"{sz['host_kv'] / 2**30:.1f} GiB ({host} segments of {kv.seg_bytes / 2**20:.0f} MiB), disk dir {d}")
+    toks = torch.randint(0, s.vocab, (n,), device="cuda")
+    pre = _timed_prefill(model, kv, toks)
+    m = dict(kv.moves)
+    out = RESULTS["tiers_disk"] = {"context": n, "prefill_s": pre, "moves_after_prefill": m,
+                                   "on_disk_after_prefill": len(kv.disk)}
+    say(f"   prefill {n}: {pre:.2f} s; {len(kv.disk)} segments on disk; {m['segments_to_disk']} host->disk "
+        f"({m['segments_to_disk_clean']} of them clean: file kept), {m['segments_from_disk']} disk->host faults, "
+        f"{m['fault_checks']} launch checks; disk I/O {m['bytes_disk_io'] / 2**30:.1f} GiB, "
+        f"write {m['disk_write_s']:.2f} s, read {m['disk_read_s']:.2f} s")
+    # eager decode (a graph cannot fault): a few greedy steps, each faulting what routing picks
+    tok = torch.zeros(1, dtype=torch.long, device="cuda")
+    pos = torch.tensor([n], dtype=torch.int32, device="cuda")
+    kv.prepare(n, n + 64)
+    with torch.inference_mode():
+        model.decode_step(tok, pos, kv)  # warm
+        torch.cuda.synchronize()
+        before, steps = dict(kv.moves), 4
+        t0 = time.time()
+        for _ in range(steps):
+            model.decode_step(tok, pos, kv)
+        torch.cuda.synchronize()
+    ms = (time.time() - t0) * 1e3 / steps
+    dm = {k: kv.moves[k] - before[k] for k in before}
+    out.update(decode_eager_ms=ms, decode_moves=dm)
+    say(f"   eager decode @ {n} with {len(kv.disk)} segments on disk: {ms:.1f} ms/token; per step "
+        f"{dm['segments_from_disk'] / steps:.1f} faults, {dm['segments_to_disk'] / steps:.1f} host->disk "
+        f"({dm['segments_to_disk_clean'] / steps:.1f} clean), disk read {dm['disk_read_s'] * 1e3 / steps:.0f} ms, "
+        f"write {dm['disk_write_s'] * 1e3 / steps:.0f} ms")
+    # one fault alone: a segment's file read (page cache, then with its pages dropped first)
+    costs = {}
+    for cold in (False, True):
+        x = max(kv.disk)
+        if cold:  # written back first: only clean pages can be dropped
+            with open(kv._path(x), "r+b") as f:
+                os.fsync(f.fileno())
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        b = torch.tensor([[x * kv.sb]], device="cuda")
+        t0, r0 = time.time(), kv.moves["disk_read_s"]
+        kv.fault_in(b)
+        costs["cold" if cold else "page_cache"] = {"fault_ms": (time.time() - t0) * 1e3,
+                                                   "read_ms": (kv.moves["disk_read_s"] - r0) * 1e3}
+    out["one_fault"] = costs
+    mb = kv.seg_bytes / 2**20
+    say(f"   one fault of a {mb:.0f} MiB segment: " + "; ".join(
+        f"{k} {v['fault_ms']:.1f} ms (file read {v['read_ms']:.1f} ms, {mb / max(v['read_ms'], 1e-6):.2f} MiB/ms)"
+        for k, v in costs.items()))
+    kv.close()
+    del kv
+
+
 def extrapolate_1m(n_1m):
     """Sum of chunk costs over a 1M prefill from measured chunk times (bf16 up to 128K, fp8 at
     n/2 and n); piecewise-linear in the chunk's offset. An extrapolation, reported as such."""
@@ -630,6 +786,17 @@ def main():
     ap.add_argument("--fp8-1m", action="store_true", help="also the earlier 1M run with fp8 KV resident on the GPU")
     ap.add_argument("--gpu-kv-gib", type=float, help="cap the tiered 1M run's GPU KV pool (more in CPU memory)")
     ap.add_argument("--only-1m", action="store_true", help="skip the 128K / 32K / dense stages")
+    ap.add_argument("--hf", action="store_true", help="also HF transformers on the same shape at 32K and 128K "
+                    "(prefill in one forward, greedy decode with its dynamic cache), as ratios")
+    ap.add_argument("--tiers", action="store_true", help="also the KV tiering stages: decode with promotion of "
+                    "CPU segments to GPU hot slots on/off, and the disk tier (prefill, eager decode, fault cost)")
+    ap.add_argument("--tiers-context", type=int, default=TIERS["context"], help="context of the --tiers stages")
+    ap.add_argument("--tiers-gpu-gib", type=float, default=TIERS["gpu_gib"],
+                    help="GPU KV pool of the promotion stage (the rest of the context in CPU memory)")
+    ap.add_argument("--tiers-hot", type=int, default=TIERS["hot"], help="hot segment slots of the promotion stage")
+    ap.add_argument("--tiers-disk-segments", type=int, default=TIERS["disk_segments"],
+                    help="segments the disk stage leaves on disk after its prefill")
+    ap.add_argument("--tiers-disk-dir", help="directory for the disk stage's segment files (default: a temp dir)")
     ap.add_argument("--gemv", default=",".join(GEMV_DEFAULT),
                     help=f"decode projections through the fused GEMV, of {','.join(GEMV_ALL)} ('' = all cuBLAS)")
     a = ap.parse_args()
@@ -659,11 +826,21 @@ def main():
         torch.cuda.empty_cache()
         dense(model, [n32] if a.skip_dense_128k else [n32, n128])
         torch.cuda.empty_cache()
+        if a.hf:
+            hf(shape, [n32, n128])
     if not a.skip_1m:
         sparse_1m_tiered(model, n1m)
         torch.cuda.empty_cache()
         if a.fp8_1m:
             sparse_1m(model, n1m)
+    if a.tiers:
+        TIERS.update(context=a.tiers_context // scale, gpu_gib=a.tiers_gpu_gib, hot=a.tiers_hot,
+                     disk_segments=a.tiers_disk_segments, disk_dir=a.tiers_disk_dir)
+        torch.cuda.empty_cache()
+        tiers_promotion(model, TIERS["context"])
+        torch.cuda.empty_cache()
+        tiers_disk(model, TIERS["context"])
+        torch.cuda.empty_cache()
     est = extrapolate_1m(n1m)
     if est is not None:
         RESULTS["prefill_1m_s_extrapolated"] = est
@@ -684,13 +861,18 @@ def main():
         (f"first token s, 64 tok on cached {L(n1m)} (bf16 tiered)", r.get("first_token_1m_s"), None,
          TARGETS["first_token_1m_s"]),
     ]
-    say("\n| figure | sparse (ours) | dense SDPA | dense/sparse | target | meets |")
-    say("| --- | --- | --- | --- | --- | --- |")
+    # HF transformers at the same contexts (--hf): the library a user would otherwise run
+    hf_of = {f"decode ms/token @ {L(n)}": r.get(f"hf_decode_{n}_ms") for n in (n32, n128)}
+    hf_of.update({f"prefill s @ {L(n)}": r.get(f"hf_prefill_{n}_s") for n in (n32, n128)})
+    say("\n| figure | sparse (ours) | dense SDPA | dense/sparse | HF transformers | HF/sparse | target | meets |")
+    say("| --- | --- | --- | --- | --- | --- | --- | --- |")
     f = lambda x: "—" if x is None else f"{x:.3g}"
+    ratio = lambda ref, sp: f"{ref / sp:.1f}x" if sp and ref else "—"
     for name, sp, de, tg in rows:
-        ratio = f"{de / sp:.1f}x" if sp and de else "—"
         meets = "—" if tg is None or sp is None or a.quick else ("yes" if sp <= tg else "NO")
-        say(f"| {name} | {f(sp)} | {f(de)} | {ratio} | {f(tg) if tg else '—'} | {meets} |")
+        hf_v = hf_of.get(name)
+        say(f"| {name} | {f(sp)} | {f(de)} | {ratio(de, sp)} | {f(hf_v)} | {ratio(hf_v, sp)} | "
+            f"{f(tg) if tg else '—'} | {meets} |")
     say(f"\npeak GPU memory GiB: prefill {L(n128)} {f(r.get('peak_prefill_long_GiB'))}, decode {L(n128)} "
         f"{f(r.get('peak_decode_long_GiB'))}, 1M bf16 tiered {f(r.get('peak_1m_GiB'))}, dense {L(n128)} {f(r.get(f'dense_peak_{n128}_GiB'))}")
     if r.get("errors"):

@@ -108,9 +108,6 @@ def gemm_rates() -> None:
         print(f"projections at {m} rows: {total_ms / m * 1e3:.2f} us per token, {total_flop / total_ms / 1e9:.0f} TFLOP/s")
 
 
-if __name__ == "__main__":
-    main()
-
 
 def decode_pdl(n: int, reps: int = 30) -> None:
     from docqa.engine.gpu.model import LLAMA3_8B, GraphedDecode, KVCache, Model, Weights
@@ -135,3 +132,7 @@ def decode_pdl(n: int, reps: int = 30) -> None:
     triton_sparse.ROUTING_PDL = True
     del model, kv
     torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
