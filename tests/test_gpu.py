@@ -199,6 +199,20 @@ def test_bench_model_prefill_fused_store_and_unsorted_topk_match_torch_ops():
 
 @pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
                     reason="needs triton and either CUDA or TRITON_INTERPRET=1")
+def _greedy_decode(model, kv, n: int, steps: int, between=None) -> list[int]:
+    """Greedy tokens of `steps` eager decode steps from position n (`between` runs after each)."""
+    dev = kv.k.device
+    tok = torch.zeros(1, dtype=torch.long, device=dev)
+    pos = torch.tensor([n], dtype=torch.int32, device=dev)
+    seq = []
+    for _ in range(steps):
+        model.decode_step(tok, pos, kv)
+        seq.append(int(tok))
+        if between is not None:
+            between()
+    return seq
+
+
 def test_tiered_kv_cache_gives_the_resident_caches_results():
     """The bench model over a TieredKVCache whose GPU ring holds a fraction of the context (the
     rest moved to the host pool segment by segment during prefill and decode) gives the same
@@ -225,13 +239,7 @@ def test_tiered_kv_cache_gives_the_resident_caches_results():
         if kv is tiered:
             assert kv.evicted == 96 and kv.where(40) == "host"
             kv.prepare(n, n + steps)
-        tok = torch.zeros(1, dtype=torch.long, device=dev)
-        pos = torch.tensor([n], dtype=torch.int32, device=dev)
-        seq = []
-        for _ in range(steps):
-            model.decode_step(tok, pos, kv)
-            seq.append(int(tok))
-        outs.append((logits.float(), seq))
+        outs.append((logits.float(), _greedy_decode(model, kv, n, steps)))
     (la, sa), (lb, sb) = outs
     assert ((la - lb).norm() / la.norm()).item() < 1e-2
     assert sa == sb
@@ -302,15 +310,8 @@ def test_tiered_kv_cache_with_disk_tier_and_promotion_gives_the_resident_caches_
             for _ in range(3):
                 kv.rebalance()
             assert kv.hot
-        tok = torch.zeros(1, dtype=torch.long, device=dev)
-        pos = torch.tensor([n], dtype=torch.int32, device=dev)
-        seq = []
-        for _ in range(steps):
-            model.decode_step(tok, pos, kv)
-            seq.append(int(tok))
-            if kv is tiered:
-                kv.rebalance()
-        outs.append((logits.float(), seq))
+        between = tiered.rebalance if kv is tiered else None
+        outs.append((logits.float(), _greedy_decode(model, kv, n, steps, between)))
     (la, sa), (lb, sb) = outs
     assert ((la - lb).norm() / la.norm()).item() < 1e-2
     assert sa == sb
