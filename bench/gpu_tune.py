@@ -8,10 +8,10 @@ against the three-loop prefill kernel under several launch configurations, check
 variant's output against the one-list kernel's, and prints TFLOP/s counted on the keys each
 query really attends to (sinks + window + 16 x 64 routed).
 2. The prefill chunk's projections at 4096 and 8192 rows (is a longer chunk worth it?).
-3. `--decode`: the graphed decode step of the 8B-shaped model at 128K (random-filled cache)
-   with and without programmatic dependent launch of the routing kernels, alternated.
 
-    python3 bench/gpu_tune.py [--reps 30] [--decode]
+Whole-model A/B of the same choices: `bench/gpu.py --variants`.
+
+    python3 bench/gpu_tune.py [--reps 30]
 """
 
 from __future__ import annotations
@@ -46,10 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--context", type=int, default=131072)
-    ap.add_argument("--decode", action="store_true")
     args = ap.parse_args()
-    if args.decode:
-        decode_pdl(args.context)
     torch.manual_seed(0)
     t, hq, hkv, d, blk, sinks, window, top_k, rc = 4080, 32, 8, 128, 64, 4, 1024, 16, 512
     n = args.context
@@ -108,30 +105,6 @@ def gemm_rates() -> None:
         print(f"projections at {m} rows: {total_ms / m * 1e3:.2f} us per token, {total_flop / total_ms / 1e9:.0f} TFLOP/s")
 
 
-
-def decode_pdl(n: int, reps: int = 30) -> None:
-    from docqa.engine.gpu.model import LLAMA3_8B, GraphedDecode, KVCache, Model, Weights
-
-    model = Model(LLAMA3_8B, Weights(LLAMA3_8B))
-    kv = KVCache(LLAMA3_8B, n + 4 * reps + 64)
-    kv.fill_random(n)
-    for on in (True, False, True, False):
-        triton_sparse.ROUTING_PDL = on
-        g = GraphedDecode(model, kv, n)
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        print(f"decode @ {n}, routing kernels {'with' if on else 'without'} PDL: {sorted(ts)[reps // 2]:.3f} ms/token "
-              f"(median of {reps})", flush=True)
-        del g
-    triton_sparse.ROUTING_PDL = True
-    del model, kv
-    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
