@@ -1,7 +1,7 @@
 """Kernel-level A/B timings on one GPU, for the choices bench/gpu.py's full run cannot vary cheaply.
 
-1. Prefill sparse attention at a 127K position, one kernel launch per variant. The shape of one layer of a 4096-token prefill chunk of bench/gpu.py's 8B-shaped model at
-131072 - 4096: q [4080, 32, 128] (the chunk less its routed tail), K/V [131072, 8, 128] bf16,
+1. Prefill sparse attention at a 127K position, one kernel launch per variant. The shape of
+one layer of a 4096-token prefill chunk of bench/gpu.py's 8B-shaped model at 131072 - 4096: q [4080, 32, 128] (the chunk less its routed tail), K/V [131072, 8, 128] bf16,
 eight routing chunks of 512 queries with 16 routed blocks each per kv head, window 1024,
 4 sinks, blocks of 64 (engine/settings.py). Times the one-list kernel (`PREFILL_LOOPS=False`)
 against the three-loop prefill kernel under several launch configurations, checks every
