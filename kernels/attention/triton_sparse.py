@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ..gpu import interpreting
+from ..linear import triton_gemv
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -55,8 +56,6 @@ DECODE_PROGRAMS = 4 if interpreting() else 256
 
 def _pdl(on: bool = True) -> dict:
     """Launch arguments: PDL constexpr plus the launch attribute, when dependent launch is on."""
-    from ..linear import triton_gemv
-
     if on and ROUTING_PDL and triton_gemv.GEMV_PDL and gdc_wait is not None:
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}
