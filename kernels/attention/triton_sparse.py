@@ -38,7 +38,7 @@ LOG2E = 1.4426950408889634
 FAST_WHOLE_TILES = True  # attention skips the per-element mask on tiles every row sees whole
 # prefill (no key splits) through `_sparse_prefill_attn_kernel`'s three loops, not the one-list kernel
 PREFILL_LOOPS = True
-PREFILL_LAUNCH = {"num_warps": 8, "num_stages": 3}  # for 128-row programs; 64-row ones take 4 warps
+PREFILL_LAUNCH = {"num_warps": 8, "num_stages": 3}  # long chunks (>= 4096 rows); shorter: 4 warps, 2 stages
 PREFILL_BLOCK_M = 128  # query rows (query x GQA head) per prefill program in long chunks
 MAX_SPLITS = 32  # split-KV programs per (query tile, kv head) in decode
 SCORE_TILE = (64, 256)  # (query rows, blocks) per program of prefill block scoring
