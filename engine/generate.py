@@ -129,7 +129,8 @@ class Engine:
                  state: KVState | None = None, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop_ids: Sequence[int] | None = None,
                  on_token: Callable[[int, str], None] | None = None,
-                 choose: Callable[[torch.Tensor, list[int]], int] | None = None) -> GenerationResult:
+                 choose: Callable[[torch.Tensor, list[int]], int] | None = None,
+                 on_prefill: Callable[[int, int], None] | None = None) -> GenerationResult:
         """Continue `state` (a fresh dense one if None) with `prompt`, then decode.
 
         choose(logits, generated_ids) -> token id, when given, replaces sampling: constrained
@@ -138,8 +139,9 @@ class Engine:
         prompt: text (encoded with the model's BOS rule) or token ids. `state` may already hold a
         prefix (prefix caching): the prompt is appended after it. on_token(id, text_delta) is
         called for each generated token; text_delta may be "" while a multi-byte character is
-        still incomplete. Generation stops at a stop token (not included in the result) or after
-        max_new_tokens.
+        still incomplete. on_prefill(done, total) is called after each prefill chunk with the
+        prompt tokens prefilled so far (for progress bars). Generation stops at a stop token (not
+        included in the result) or after max_new_tokens.
         """
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
@@ -155,7 +157,7 @@ class Engine:
         greedy = temperature == 0 and choose is None  # only the argmax of each step is used
         t0 = time.perf_counter()
         logits = self.model(torch.tensor(ids, dtype=torch.long, device=self.device), state, last_only=True,
-                            chunk_size=self.prefill_chunk)[-1]
+                            chunk_size=self.prefill_chunk, on_chunk=on_prefill)[-1]
         out: list[int] = []
         token = int(choose(logits, out) if choose else
                     sample(logits, temperature=temperature, top_p=top_p, generator=generator))

@@ -122,13 +122,14 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, state: KVState, *, last_only: bool = False,
-                chunk_size: int = 1024, argmax_only: bool = False) -> torch.Tensor:
+                chunk_size: int = 1024, argmax_only: bool = False,
+                on_chunk=None) -> torch.Tensor:
         """Run `input_ids` [T] after what `state` already holds; logits [T, vocab] ([1, vocab]
         with last_only). Long inputs go through in chunks of `chunk_size` tokens, so activations
         stay bounded; ask for last_only there, or the logits alone are T x vocab floats.
         argmax_only: the caller uses only each row's argmax, so a decode step may screen the
         vocabulary with 4-bit weights (decode_weights.OutputHead.screen): the top candidates'
-        logits are exact, the rest approximate."""
+        logits are exact, the rest approximate. on_chunk(done, total) after each chunk."""
         head = self.lm_head
         if argmax_only and head.decode is not None and input_ids.numel() <= DECODE_MAX_ROWS:
             head = head.decode.screen
@@ -136,6 +137,8 @@ class LlamaModel(nn.Module):
         outs = []
         for start in range(0, input_ids.shape[0], chunk_size):
             hidden = self._forward_chunk(input_ids[start:start + chunk_size], state)
+            if on_chunk is not None:
+                on_chunk(min(start + chunk_size, input_ids.shape[0]), input_ids.shape[0])
             if last_only and start + chunk_size < input_ids.shape[0]:
                 continue
             if last_only:
