@@ -128,7 +128,6 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
     return generate
 
 
-_PREFIX_CACHES: dict[int, object] = {}
 _SLOT = "\u0000QUESTION\u0000"
 
 
@@ -138,13 +137,6 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
     cached KV: the prompt is split where the question goes, the part before it (system
     prompt + document) is the per-document prefix, and only the rest is prefilled when the
     document was read before — by this process or, through the disk tier, by another."""
-    import torch
-
-    from ..engine.prefix_cache import PrefixCache
-
-    cache = _PREFIX_CACHES.get(id(engine))
-    if cache is None:
-        cache = _PREFIX_CACHES[id(engine)] = PrefixCache.for_engine(engine)
     from ..engine.chat import render_chat
 
     tok = engine.tokenizer
@@ -153,26 +145,11 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
         {"role": "user", "content": document_for_model(doc) + "\n\nQuestion: " + _SLOT},
     ], bos_token=tok.token_text(tok.bos_id), eos_token=tok.token_text(tok.eos_id))
     head, tail = text.split(_SLOT)
-    prefix_ids = engine.tokenizer.encode(head, add_bos=False)
-    rest_ids = engine.tokenizer.encode(question + tail, add_bos=False)
-    t0 = time.perf_counter()
-    state, cached = cache.get_state(doc.content_sha256, prefix_ids)
-    if cached < len(prefix_ids):
-        with torch.inference_mode():
-            engine.model(torch.tensor(prefix_ids[cached:], dtype=torch.long, device=engine.device), state, last_only=True,
-                         chunk_size=engine.prefill_chunk)
-        cache.save(doc.content_sha256, prefix_ids, state)
-    t1 = time.perf_counter()
-    result = engine.generate(
-        rest_ids, max_new_tokens=settings.max_tokens, state=state, temperature=settings.temperature,
-        on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
-    )
-    timings = {
-        "prefix_tokens": float(len(prefix_ids)), "cached_tokens": float(cached),
-        "prefilled_tokens": float(len(prefix_ids) - cached + len(rest_ids)),
-        "document_prefill_s": t1 - t0, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
-        "generated_tokens": float(len(result.token_ids)),
-    }
+    prefix_ids = tok.encode(head, add_bos=False)
+    rest_ids = tok.encode(question + tail, add_bos=False)
+    result, timings = engine.generate_on_document(
+        doc.content_sha256, prefix_ids, rest_ids, settings.max_tokens, temperature=settings.temperature,
+        on_token=(lambda _id, delta: on_token(delta)) if on_token else None)
     return result.text, timings
 
 

@@ -16,6 +16,7 @@ engine_app = typer.Typer(help="The embedded LLM engine.\n\nExample: docqa engine
 
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: DOCQA_MODEL, else the bundled SmolLM2-135M).")
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto (default: DOCQA_DEVICE, else auto: CUDA when present).")
+DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 weights (default: bfloat16 on CUDA, float32 on the CPU).")
 
 
 @contextmanager
@@ -29,10 +30,15 @@ def _user_errors():
         raise typer.Exit(1) from None
 
 
-def _load(model, device=None):
+def _load(model, device=None, dtype=None):
+    import torch
+
     from docqa.engine import Engine
 
-    return Engine.load(model, device=device)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype is not None and dtype not in dtypes:
+        raise typer.BadParameter(f"--dtype must be one of {', '.join(dtypes)}")
+    return Engine.load(model, device=device, dtype=dtypes.get(dtype))
 
 
 @engine_app.command()
@@ -42,6 +48,7 @@ def generate(
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
     model: str | None = ModelOpt,
     device: str | None = DeviceOpt,
+    dtype: str | None = DtypeOpt,
     temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy (deterministic)."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling mass."),
     seed: int | None = typer.Option(None, help="Seed for sampling."),
@@ -52,7 +59,7 @@ def generate(
     Example: docqa engine generate "What is a force majeure clause?" --chat --max-tokens 64
     """
     with _user_errors():
-        engine = _load(model, device)
+        engine = _load(model, device, dtype)
         ids = engine.chat_prompt(prompt) if chat else engine.tokenizer.encode(prompt)
 
         def stream(_id, delta):
@@ -111,7 +118,7 @@ def check(
             with torch.no_grad():
                 want = ref(torch.tensor([ids])).logits[0]
             # on a GPU this compares the device's logits with the CPU reference
-            got = engine.model(torch.tensor(ids, device=engine.device), engine.new_state()).cpu()
+            got = engine.prefill(ids, engine.new_state(len(ids) + 1), all_logits=True).cpu()
             ours = engine.generate(ids, tokens, stop_ids=()).token_ids
             with torch.no_grad():
                 theirs = ref.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
@@ -119,7 +126,11 @@ def check(
             agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
             rows.append({"prompt": text, "max_abs_diff": (got - want).abs().max().item(),
                          "greedy_agree": agree, "greedy_tokens": tokens})
-    ok = all(r["max_abs_diff"] < 1e-3 and r["greedy_agree"] == tokens for r in rows)
+    # bf16 weights (the CUDA default) round every product: their logits are checked for
+    # closeness relative to the logits' range, and greedy agreement is reported, not required
+    exact = engine.dtype == torch.float32
+    ok = all((r["max_abs_diff"] < 1e-3 and r["greedy_agree"] == tokens) if exact else r["max_abs_diff"] < 0.5
+             for r in rows)
     if as_json:
         typer.echo(json.dumps({"ok": ok, "prompts": rows}))
     else:
@@ -135,19 +146,33 @@ def check(
 def bench(
     model: str | None = ModelOpt,
     device: str | None = DeviceOpt,
+    dtype: str | None = DtypeOpt,
+    context: int | None = typer.Option(None, "--context", min=128, help="Benchmark the long-document path "
+                                       "(`ask --read-all`) on a document of this many tokens instead."),
     decode_tokens: int = typer.Option(64, help="Tokens to decode for the decode rate."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
-    """Prefill tok/s at 512 and 2048 tokens, decode tok/s, peak RSS.
+    """Prefill tok/s at 512 and 2048 tokens, decode tok/s, peak RSS; with --context N, the
+    long-document path: prefill seconds of N tokens, decode ms/token after them, and the first
+    token of a 64-token question on the cached document.
 
-    Example: docqa engine bench --json
+    Example: docqa engine bench --device cuda --context 131072 --json
     """
-    from docqa.engine.generate import benchmark
+    from docqa.engine.generate import benchmark, context_benchmark
 
     with _user_errors():
-        res = benchmark(_load(model, device), (512, 2048), decode_tokens)
+        engine = _load(model, device, dtype)
+        if context:
+            say = (lambda m: None) if as_json else (lambda m: typer.echo(m, err=True))
+            res = context_benchmark(engine, context, decode_tokens=decode_tokens, say=say)
+        else:
+            res = benchmark(engine, (512, 2048), decode_tokens)
     if as_json:
         typer.echo(json.dumps(res))
+    elif context:
+        typer.echo(f"context {res['context']} tokens on {res['device']} ({res['dtype']}, {res['state']}): "
+                   f"prefill {res['prefill_s']:.2f} s ({res['prefill_tok_s']:,.0f} tok/s), "
+                   f"decode {res['decode_ms']:.2f} ms/token, first token {res['first_token_s'] * 1e3:.1f} ms")
     else:
         for n, rate in res["prefill"].items():
             typer.echo(f"prefill {n:>5} tokens: {rate:8.1f} tok/s")

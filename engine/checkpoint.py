@@ -58,11 +58,13 @@ class Checkpoint:
     metadata: dict[str, Any] = field(repr=False)  # GGUF key/values, or {} for HF dirs
     _gguf: GGUFFile | None = field(default=None, repr=False)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """All weights as float32 (quantised ones dequantised), under Hugging Face names."""
+    def tensors(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        """All weights (quantised ones dequantised) in `dtype` on `device`, under Hugging Face
+        names. An HF checkpoint is read straight onto the device: an 8B bf16 model on a GPU
+        never passes through 32 GB of host float32."""
         if self.format == "gguf":
-            return _gguf_tensors(self._gguf, self.config)
-        return _hf_tensors(self.path)
+            return {n: t.to(device, dtype) for n, t in _gguf_tensors(self._gguf, self.config).items()}
+        return _hf_tensors(self.path, dtype, torch.device(device))
 
     def q4_blocks(self) -> dict:
         """The GGUF Q4_0/Q4_1 matrices as stored: HF name -> (raw blocks [rows, bytes] uint8 with
@@ -145,7 +147,7 @@ def _gguf_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
-def _hf_tensors(path: Path) -> dict[str, torch.Tensor]:
+def _hf_tensors(path: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     files = sorted(path.glob("*.safetensors"))
@@ -153,11 +155,11 @@ def _hf_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path} has no *.safetensors files")
     out = {}
     for f in files:
-        # safe_open memory-maps the file; tensors already in float32 are not copied again here.
-        with safe_open(str(f), framework="pt") as sf:
+        # safe_open memory-maps the file; tensors already in `dtype` are not copied again here.
+        with safe_open(str(f), framework="pt", device=str(device)) as sf:
             for name in sf.keys():
                 t = sf.get_tensor(name)
-                out[name] = t if t.dtype == torch.float32 else t.float()
+                out[name] = t if t.dtype == dtype else t.to(dtype)
     return out
 
 

@@ -57,13 +57,25 @@ def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
     return Tokenizer.from_hf_dir(ckpt.path)
 
 
+KERNELS = ("auto", "torch", "triton")
+GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this many steps
+
+
 @dataclass
 class Engine:
-    model: torch.nn.Module
+    """A loaded model + tokenizer, and the prefill/decode loop, on one device.
+
+    `model` is the PyTorch decoder (engine/models/llama.py) on the CPU and the Triton decoder
+    (engine/gpu/model.py `CudaDecoder`) on CUDA; `new_state` gives the KV state that fits it,
+    and everything else (generate, the prefix cache, the bench) goes through those two."""
+
+    model: object
     tokenizer: Tokenizer
     checkpoint: Checkpoint
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     prefill_chunk: int = 1024
     rope: Rope = field(init=False)
+    _prefix_cache: object = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.rope = Rope(self.config)
@@ -72,22 +84,43 @@ class Engine:
     def config(self):
         return self.checkpoint.config
 
+    @property
+    def triton(self) -> bool:
+        """True when the model is the Triton decoder (CUDA, or CPU tensors under TRITON_INTERPRET)."""
+        return not isinstance(self.model, torch.nn.Module)
+
     @classmethod
-    def load(cls, path: str | Path | None = None, *, dtype: torch.dtype = torch.float32,
+    def load(cls, path: str | Path | None = None, *, dtype: torch.dtype | None = None,
              threads: int | None = None, device: str | None = None,
-             decode_weights: str = "auto") -> Engine:
+             decode_weights: str = "auto", kernels: str = "auto") -> Engine:
         """Load a GGUF file or HF directory; None means `DOCQA_MODEL`, else the default model.
         device: "cpu", "cuda[:n]" or "auto" (None: `DOCQA_DEVICE`, else auto = CUDA when present).
+        dtype: None = bfloat16 on CUDA, float32 on the CPU (faster there, and the reference).
         decode_weights: "auto", "q4", "bf16" or "fp32": decode-only weight copies on CPU (see
-        engine/decode_weights.py); "auto" keeps a Q4_0/Q4_1 GGUF's matrices 4-bit for decode."""
+        engine/decode_weights.py); "auto" keeps a Q4_0/Q4_1 GGUF's matrices 4-bit for decode.
+        kernels: "auto" (Triton on CUDA, PyTorch on the CPU), or "triton" on CPU tensors under
+        TRITON_INTERPRET=1 (how the tests check the CUDA path without a GPU)."""
+        from .checkpoint import open_checkpoint
         from .decode_weights import resolve_mode
         from .default_model import resolve_model_path
 
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
         where = resolve_device(device)  # before reading weights: a bad choice fails at once
+        use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
+        if use_triton:
+            if not has_triton():
+                raise RuntimeError("the CUDA path needs triton: pip install 'docqa[gpu]'")
+            from .gpu.model import CudaDecoder, CudaWeights
+
+            dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
+            ckpt = open_checkpoint(resolve_model_path(path))
+            model = CudaDecoder(ckpt.config, CudaWeights(ckpt.config, ckpt.tensors(dtype, where)))
+            return cls(model, _tokenizer_of(ckpt), ckpt, where)
         decode_weights = resolve_mode(decode_weights, where)
         torch.set_num_threads(threads or default_threads())
-        model, ckpt = load_model(resolve_model_path(path), dtype=dtype, decode_weights=decode_weights)
-        return cls(model.to(where), _tokenizer_of(ckpt), ckpt)
+        model, ckpt = load_model(resolve_model_path(path), dtype=dtype or torch.float32, decode_weights=decode_weights)
+        return cls(model.to(where), _tokenizer_of(ckpt), ckpt, where)
 
     @staticmethod
     def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
@@ -98,23 +131,43 @@ class Engine:
         return _tokenizer_of(open_checkpoint(resolve_model_path(path)))
 
     @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype if self.triton else self.model.embed_tokens.weight.dtype
 
-    def new_state(self, capacity: int = 1024) -> DenseKVState:
-        dtype = self.model.embed_tokens.weight.dtype
-        return DenseKVState(self.config, self.rope, capacity=capacity, dtype=dtype, device=self.device)
+    # --- states ---------------------------------------------------------------------------------
+    def sparse_settings(self, **overrides) -> EngineSettings:
+        """The sparse (read-the-whole-document) settings this engine runs: on the Triton decoder
+        keys are stored rotated at their true positions in the weights' dtype, and prefill runs
+        in 4096-token chunks (the kernels' measured best on the H200)."""
+        if self.triton:
+            kv = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(self.dtype, "float32")
+            base = dict(positions="true", kv_dtype=kv, chunk_size=4096)
+            return EngineSettings(**{**base, **overrides})
+        return EngineSettings(**overrides)
 
-    def new_sparse_state(self, settings: EngineSettings | None = None) -> KVState:
-        """The sparse three-layer state on the engine's device: the Triton kernels on CUDA where
-        they serve the settings (true positions, per-head routing), else the PyTorch reference state."""
-        settings = settings or EngineSettings()
-        triton_serves = settings.positions == "true" and not settings.route_shared
-        if self.device.type == "cuda" and triton_serves and has_triton():
-            from .gpu.state import TritonKVState
+    def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None) -> KVState:
+        """A KV state for this engine's model: dense (exact attention over everything) when
+        `settings` is None, else under `settings` (sparse: sinks + routed blocks + window)."""
+        if self.triton:
+            from .gpu.state import new_cuda_state
 
-            return TritonKVState(self.config, settings, self.rope, device=self.device)
+            if settings is None:
+                settings = self.sparse_settings(attention="dense")
+            elif settings.attention == "sparse" and settings.positions != "true":
+                raise ValueError(f"the Triton decoder stores keys at their true positions, not {settings.positions!r}")
+            return new_cuda_state(self.config, settings, capacity, self.device)
+        if settings is None:
+            return DenseKVState(self.config, self.rope, capacity=capacity, dtype=self.dtype, device=self.device)
         return SparseKVState(self.config, settings, self.rope, device=self.device)
+
+    @property
+    def prefix_cache(self):
+        """This engine's per-document prefix cache (engine/prefix_cache.py), made on first use."""
+        if self._prefix_cache is None:
+            from .prefix_cache import PrefixCache
+
+            self._prefix_cache = PrefixCache.for_engine(self)
+        return self._prefix_cache
 
     def chat_prompt(self, user: str, system: str | None = None) -> list[int]:
         messages = ([{"role": "system", "content": system}] if system else []) + \
@@ -124,6 +177,22 @@ class Engine:
                            eos_token=self.tokenizer.token_text(self.tokenizer.eos_id))
         # The template writes BOS itself when the model wants one.
         return self.tokenizer.encode(text, add_bos=False)
+
+    # --- forward passes -----------------------------------------------------------------------
+    def prefill(self, ids: Sequence[int] | torch.Tensor, state: KVState, *,
+                on_chunk: Callable[[int, int], None] | None = None, all_logits: bool = False) -> torch.Tensor:
+        """Append `ids` to `state`; fp32 logits of the last token [V] (of every token [T, V] with
+        all_logits)."""
+        ids = torch.as_tensor(ids, dtype=torch.long).to(self.device)
+        if not self.triton:
+            out = self.model(ids, state, last_only=not all_logits, chunk_size=self.prefill_chunk, on_chunk=on_chunk)
+            return out.float() if all_logits else out[-1].float()
+        n = state.num_tokens
+        if hasattr(state, "reserve"):
+            state.reserve(n + ids.shape[0])
+        out = self.model.prefill(ids, state, n, all_logits=all_logits, on_chunk=on_chunk)
+        state.commit(ids.shape[0])
+        return out if all_logits else out[-1]
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
                  state: KVState | None = None, temperature: float = 0.0, top_p: float = 1.0,
@@ -147,39 +216,143 @@ class Engine:
         if not ids:
             raise ValueError("the prompt is empty")
         if state is None:
-            state = self.new_state(capacity=len(ids) + max_new_tokens)
+            state = self.new_state(capacity=len(ids) + max_new_tokens + 1)
         stops = set(self.tokenizer.stop_ids if stop_ids is None else stop_ids)
         generator = None
         if temperature > 0:
             generator = torch.Generator(device=self.device).manual_seed(seed if seed is not None else
                                                        torch.seed() & 0xFFFFFFFF)
+        pick = (lambda logits, out: int(choose(logits, out))) if choose else \
+            (lambda logits, out: int(sample(logits, temperature=temperature, top_p=top_p, generator=generator)))
 
-        greedy = temperature == 0 and choose is None  # only the argmax of each step is used
         t0 = time.perf_counter()
-        logits = self.model(torch.tensor(ids, dtype=torch.long, device=self.device), state, last_only=True,
-                            chunk_size=self.prefill_chunk, on_chunk=on_prefill)[-1]
-        out: list[int] = []
-        token = int(choose(logits, out) if choose else
-                    sample(logits, temperature=temperature, top_p=top_p, generator=generator))
+        if self.triton and hasattr(state, "reserve"):
+            state.reserve(state.num_tokens + len(ids) + max_new_tokens + GREEDY_SYNC_EVERY)
+        logits = self.prefill(ids, state, on_chunk=on_prefill)
+        token = pick(logits, [])
         t1 = time.perf_counter()
-
         stream = TextStream(self.tokenizer)
-        reason = "length"
-        while True:
-            if token in stops:
-                reason = "stop"
-                break
-            out.append(token)
-            if on_token is not None:
-                on_token(token, stream.push(token))
-            if len(out) >= max_new_tokens:
-                break
-            logits = self.model(torch.tensor([token], dtype=torch.long, device=self.device), state,
-                                last_only=True, argmax_only=greedy)[-1]
-            token = int(choose(logits, out) if choose else
-                        sample(logits, temperature=temperature, top_p=top_p, generator=generator))
+        emit = (lambda tok: on_token(tok, stream.push(tok))) if on_token is not None else None
+        if self.triton:
+            out, reason = self._decode_triton(state, token, max_new_tokens, stops, emit,
+                                              None if (temperature == 0 and choose is None) else pick)
+        else:
+            out, reason = self._decode_torch(state, token, max_new_tokens, stops, emit, pick,
+                                             greedy=temperature == 0 and choose is None)
         t2 = time.perf_counter()
         return GenerationResult(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, reason)
+
+    def generate_on_document(self, doc_key: str, prefix_ids: Sequence[int], rest_ids: Sequence[int],
+                             max_new_tokens: int = 256, *, temperature: float = 0.0,
+                             on_token: Callable[[int, str], None] | None = None,
+                             on_prefill: Callable[[int, int], None] | None = None) -> tuple[GenerationResult, dict]:
+        """Generate after a per-document prefix (system prompt + document) that the prefix cache
+        keeps: only what it does not hold is prefilled (nothing of the document when this or
+        another process read it before), then `rest_ids` (the question). Returns the result and
+        timings (tokens cached and prefilled, seconds of each step)."""
+        cache = self.prefix_cache
+        t0 = time.perf_counter()
+        need = len(prefix_ids) + len(rest_ids) + max_new_tokens + GREEDY_SYNC_EVERY
+        state, cached = cache.get_state(doc_key, prefix_ids, capacity=need)
+        if cached < len(prefix_ids):
+            self.prefill(prefix_ids[cached:], state, on_chunk=on_prefill)
+        t1 = time.perf_counter()
+        result = self.generate(rest_ids, max_new_tokens, state=state, temperature=temperature, on_token=on_token)
+        t2 = time.perf_counter()
+        saved = cache.save(doc_key, prefix_ids, state)  # after the answer, which the user sees first
+        timings = {
+            "prefix_tokens": float(len(prefix_ids)), "cached_tokens": float(cached),
+            "prefilled_tokens": float(len(prefix_ids) - cached + len(rest_ids)),
+            "document_prefill_s": t1 - t0, "prefill_s": result.prefill_s, "decode_s": result.decode_s,
+            "first_token_s": t1 - t0 + result.prefill_s, "generated_tokens": float(len(result.token_ids)),
+            "cache_save_s": time.perf_counter() - t2, "segments_saved": float(saved),
+        }
+        return result, timings
+
+    def _decode_torch(self, state, token, max_new_tokens, stops, emit, pick, greedy):
+        out: list[int] = []
+        while True:
+            if token in stops:
+                return out, "stop"
+            out.append(token)
+            if emit:
+                emit(token)
+            if len(out) >= max_new_tokens:
+                return out, "length"
+            logits = self.model(torch.tensor([token], dtype=torch.long, device=self.device), state,
+                                last_only=True, argmax_only=greedy)[-1]
+            token = pick(logits, out)
+
+    def _decode_triton(self, state, token, max_new_tokens, stops, emit, pick):
+        """The CUDA-graphed decode step (eager under the interpreter). Greedy decoding keeps the
+        tokens on the device and reads them back every GREEDY_SYNC_EVERY steps (the steps after a
+        stop token are computed and dropped); a chooser or sampler reads each step's logits."""
+        n0 = state.num_tokens
+        if max_new_tokens <= 1 or token in stops:  # nothing to decode: no graph to capture
+            out = [] if token in stops else [token]
+            if emit and out:
+                emit(token)
+            return out, "stop" if token in stops else "length"
+        if state.table is not None:  # tiered: the rows this decode appends to are mapped on the GPU
+            state.prepare(n0, min(n0 + max_new_tokens + GREEDY_SYNC_EVERY, state.capacity))
+        g = state.decode_graph
+        if g is None:
+            g = state.decode_graph = _capture_decode(self.model, state)
+        g.reset(n0, token)
+        out: list[int] = []
+        reason = "length"
+        if pick is None:
+            pending = [token]  # generated, not yet checked
+            buf = torch.empty(GREEDY_SYNC_EVERY, dtype=torch.long, device=self.device)
+            while reason == "length" and len(out) < max_new_tokens:
+                steps = min(GREEDY_SYNC_EVERY, max_new_tokens - len(out) - len(pending))
+                with torch.inference_mode():
+                    for i in range(steps):
+                        g.step()
+                        buf[i].copy_(g.tok[0])
+                pending += buf[:steps].tolist()
+                for tok in pending:
+                    if tok in stops:
+                        reason = "stop"
+                        break
+                    out.append(tok)
+                    if emit:
+                        emit(tok)
+                    if len(out) >= max_new_tokens:
+                        break
+                pending = []
+        else:
+            while True:
+                if token in stops:
+                    reason = "stop"
+                    break
+                out.append(token)
+                if emit:
+                    emit(token)
+                if len(out) >= max_new_tokens:
+                    break
+                g.step()
+                token = pick(g.logits[0].float().clone(), out)  # the buffer is the next step's too
+                g.tok.fill_(token)
+        # every token fed to the model holds KV: all of `out` after a stop, all but the last otherwise
+        state.num_tokens = n0 + (len(out) if reason == "stop" else max(len(out) - 1, 0))
+        return out, reason
+
+
+def _capture_decode(decoder, state):
+    """The state's decode graph. Capturing runs the step (warm-up, then the capture itself) at
+    position state.num_tokens with a dummy token, which folds that token's key into the open
+    block's descriptors and key sum: they are restored after, so the first real step sees the
+    block as the prefill left it."""
+    from .gpu.model import GraphedDecode
+
+    blk = state.num_tokens // state.settings.block_size
+    saved = [t[:, blk].clone() for t in (state.kmin, state.kmax, state.kmean)] + [state.ksum.clone()]
+    g = GraphedDecode(decoder, state, state.num_tokens)
+    for t, keep in zip((state.kmin, state.kmax, state.kmean), saved):
+        t[:, blk] = keep
+    state.ksum.copy_(saved[3])
+    return g
 
 
 BENCH_TEXT = (
@@ -209,13 +382,62 @@ def benchmark(engine: Engine, prefill_lengths=(512, 2048), decode_tokens: int = 
     """Prefill tok/s per prompt length, and decode tok/s after the shortest prompt."""
     out = {"prefill": {}, "decode_tok_s": None}
     for n in prefill_lengths:
-        ids = torch.tensor(bench_prompt(engine.tokenizer, n), device=engine.device)
+        ids = bench_prompt(engine.tokenizer, n)
         state = engine.new_state(capacity=n + 1)
         t0 = time.perf_counter()
-        engine.model(ids, state, last_only=True, chunk_size=engine.prefill_chunk)
+        engine.prefill(ids, state)
         out["prefill"][n] = n / (time.perf_counter() - t0)
     ids = bench_prompt(engine.tokenizer, min(prefill_lengths))
     res = engine.generate(ids, decode_tokens, stop_ids=())
     out["decode_tok_s"] = res.decode_tok_s
     out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+def _sync(engine: Engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def context_benchmark(engine: Engine, context: int, question_tokens: int = 64, decode_tokens: int = 64,
+                      say: Callable[[str], None] = lambda _m: None) -> dict:
+    """The long-document path as `ask --read-all` runs it (the engine's sparse settings and
+    state factory): prefill seconds of a `context`-token document, decode ms/token after it,
+    and the time to the first token of a `question_tokens` question on the cached document
+    (the state truncated back to the document, as the prefix cache's live state is)."""
+    settings = engine.sparse_settings()
+    one = engine.tokenizer.encode(BENCH_TEXT, add_bos=False)
+    doc = bench_prompt(engine.tokenizer, context)
+    question = (one * (question_tokens // len(one) + 1))[:question_tokens]
+    cap = context + question_tokens + decode_tokens + 2 * GREEDY_SYNC_EVERY
+    warm = min(context, 8192)  # compiles the kernels outside the timings
+    engine.generate(doc[:warm], 4, state=engine.new_state(warm + 64, settings), stop_ids=())
+    _sync(engine)
+    state = engine.new_state(cap, settings)
+    if engine.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    t0 = time.perf_counter()
+    engine.prefill(doc, state, on_chunk=lambda done, total: say(f"prefill {done}/{total}") if done % 131072 < 4096 else None)
+    _sync(engine)
+    prefill_s = time.perf_counter() - t0
+    firsts = []
+    for _ in range(3):
+        state.truncate(context)
+        t0 = time.perf_counter()
+        engine.generate(question, 1, state=state, stop_ids=())
+        _sync(engine)
+        firsts.append(time.perf_counter() - t0)
+    state.truncate(context)
+    engine.generate(question, 2 * GREEDY_SYNC_EVERY, state=state, stop_ids=())  # captures the decode graph
+    state.truncate(context)
+    res = engine.generate(question, decode_tokens, state=state, stop_ids=())
+    out = {"context": context, "prefill_s": prefill_s, "prefill_tok_s": context / prefill_s,
+           "first_token_s": min(firsts), "decode_ms": res.decode_s / max(len(res.token_ids) - 1, 1) * 1e3,
+           "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
+           "state": type(state).__name__, "settings": {k: getattr(settings, k) for k in
+                                                       ("window", "top_k", "block_size", "sink_tokens", "kv_dtype")}}
+    if engine.device.type == "cuda":
+        out["peak_gpu_GiB"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
+    else:
+        out["peak_rss_mib"] = peak_rss_mib()
     return out

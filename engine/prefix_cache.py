@@ -32,11 +32,8 @@ from typing import Sequence
 import torch
 from safetensors import safe_open
 
-from .config import ModelConfig
 from .kv_cache import Segment, write_segment_file
-from .rope import Rope
 from .settings import EngineSettings
-from .sparse_state import SparseKVState
 
 
 def default_cache_dir() -> Path:
@@ -59,34 +56,45 @@ def chain_hashes(namespace: str, ids: Sequence[int], segment_size: int) -> list[
 
 
 class PrefixCache:
-    """Caches the full segments of document prompts for one model and one engine setting."""
+    """Caches the full segments of document prompts for one model and one engine setting.
+
+    States come from `new_state(capacity)` (the engine's own factory: the PyTorch sparse state
+    on the CPU, the CUDA decoder's state on a GPU); a state gives its segments with
+    `export_segment(i)` and starts from cached ones with `adopt(segments)`. Besides the
+    segments, the last state saved stays live (`live`): a later prompt that shares its prefix
+    continues it in place (truncated to the shared tokens), which on a GPU skips copying the
+    document's KV back from host memory or disk."""
 
     def __init__(
         self,
-        config: ModelConfig,
+        new_state,
         model_hash: str,
-        settings: EngineSettings | None = None,
-        rope: Rope | None = None,
+        settings: EngineSettings,
         *,
+        shape: tuple[int, ...],
+        layout: str,
         cache_dir: str | Path | None = None,
         memory_segments: int = 64,
         disk_bytes: int = 20 * 2**30,
-        device: torch.device | str = "cpu",
+        keep_live: bool = False,
     ):
-        self.config, self.model_hash = config, model_hash
-        self.settings = settings or EngineSettings()
-        self.rope = rope if rope is not None else Rope(config)
+        self._new_state, self.model_hash, self.settings = new_state, model_hash, settings
+        self.shape, self.layout = shape, layout
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.memory_segments, self.disk_bytes = memory_segments, disk_bytes
-        self.device = device
+        self.keep_live = keep_live
+        self.live: tuple[str, tuple[int, ...], object] | None = None  # (namespace, token ids, state)
         self._memory: OrderedDict[str, Segment] = OrderedDict()  # chain hash -> segment, LRU first
         self.hits_memory = self.hits_disk = self.misses = 0
+        self.hits_live = 0
+        self._writer = None  # one background thread writes segment files (`flush` waits for it)
+        self._pending: list = []
 
     # --- keys ------------------------------------------------------------------------------
 
     def namespace(self, doc_key: str) -> str:
-        shape = (self.config.n_layers, self.config.n_kv_heads, self.config.head_dim)
-        return json.dumps([doc_key, self.model_hash, self.settings.cache_key(), shape])
+        # the layout: the CPU state stores keys before RoPE, the CUDA state rotated at true positions
+        return json.dumps([doc_key, self.model_hash, self.settings.cache_key(), list(self.shape), self.layout])
 
     def _path(self, h: str) -> Path:
         return self.cache_dir / h[:2] / f"{h}.safetensors"
@@ -95,39 +103,82 @@ class PrefixCache:
 
     @classmethod
     def for_engine(cls, engine, settings: EngineSettings | None = None, **kw) -> "PrefixCache":
-        """A cache for a loaded `Engine`, keyed by the sha256 of its checkpoint file(s)."""
+        """A cache for a loaded `Engine` (its sparse settings unless given), keyed by the sha256
+        of its checkpoint file(s)."""
         from .default_model import file_sha256
 
+        settings = settings or engine.sparse_settings()
         path = Path(engine.checkpoint.path)
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
         model_hash = hashlib.sha256("".join(file_sha256(f) for f in files).encode()).hexdigest()
-        kw.setdefault("device", engine.device)
-        return cls(engine.config, model_hash, settings, engine.rope, **kw)
+        c = engine.config
+        layout = engine.new_state(1, settings).layout
+        kw.setdefault("keep_live", engine.triton)
+        if engine.triton:  # GPU segments held in host memory: about 4 GiB of them (16 of an 8B model)
+            seg_bytes = 2 * c.n_layers * settings.segment_size * c.n_kv_heads * c.head_dim * 2
+            kw.setdefault("memory_segments", max(1, (4 << 30) // seg_bytes))
+        return cls(lambda capacity: engine.new_state(capacity, settings), model_hash, settings,
+                   shape=(c.n_layers, c.n_kv_heads, c.head_dim), layout=layout, **kw)
 
-    def new_state(self) -> SparseKVState:
-        return SparseKVState(self.config, self.settings, self.rope, device=self.device)
+    @classmethod
+    def for_config(cls, config, model_hash: str, settings: EngineSettings | None = None, rope=None,
+                   **kw) -> "PrefixCache":
+        """A cache whose states are the PyTorch sparse state on the CPU (tests, tools)."""
+        from .rope import Rope
+        from .sparse_state import SparseKVState
 
-    def get_state(self, doc_key: str, prompt_ids: Sequence[int]) -> tuple[SparseKVState, int]:
-        """A fresh state holding the longest cached prefix of prompt_ids, and its length.
+        settings = settings or EngineSettings()
+        rope = rope if rope is not None else Rope(config)
+        return cls(lambda capacity: SparseKVState(config, settings, rope), model_hash, settings,
+                   shape=(config.n_layers, config.n_kv_heads, config.head_dim), layout="unrotated", **kw)
 
-        Only full segments are reused, and never the whole prompt: the last prompt token is
-        always left to prefill, since generation needs its logits.
+    def new_state(self, capacity: int = 1024):
+        return self._new_state(capacity)
+
+    def get_state(self, doc_key: str, prompt_ids: Sequence[int], capacity: int | None = None) -> tuple[object, int]:
+        """A state holding the longest cached prefix of prompt_ids, and its length. `capacity`:
+        the tokens the caller will put in the state in all (prompt and answer).
+
+        Only full segments are reused from the segment tiers, and never the whole prompt: the
+        last prompt token is always left to prefill, since generation needs its logits. The
+        live state serves any shared prefix, segment-aligned or not.
         """
         ns = self.namespace(doc_key)
         usable = list(prompt_ids[: max(0, len(prompt_ids) - 1)])
+        capacity = capacity or len(prompt_ids) + 1
+        size = self.settings.segment_size
         segments: list[Segment] = []
-        for i, h in enumerate(chain_hashes(ns, usable, self.settings.segment_size)):
-            ids = tuple(usable[i * self.settings.segment_size:(i + 1) * self.settings.segment_size])
-            seg = self._lookup(h, ns, ids)
+        for i, h in enumerate(chain_hashes(ns, usable, size)):
+            seg = self._lookup(h, ns, tuple(usable[i * size:(i + 1) * size]))
             if seg is None:
                 break
             segments.append(seg)
-        state = self.new_state()
+        reuse = self._live_prefix(ns, usable)
+        if reuse is not None and reuse[1] >= len(segments) * size:
+            state, n = reuse
+            state.truncate(n)
+            self.hits_live += 1
+            return state, n
+        state = self.new_state(capacity)
         if segments:
-            state.cache.adopt(segments)
+            state.adopt(segments)
         return state, state.num_tokens
 
-    def save(self, doc_key: str, prompt_ids: Sequence[int], state: SparseKVState) -> int:
+    def _live_prefix(self, ns: str, usable: list[int]):
+        if self.live is None or self.live[0] != ns:
+            return None
+        _, ids, state = self.live
+        n = 0
+        for a, b in zip(ids, usable):
+            if a != b:
+                break
+            n += 1
+        if n == 0 or n < state.evicted:  # tiered: tokens before `evicted` have left the GPU ring
+            return None
+        self.live = None  # the caller now owns it: it appends after the shared prefix
+        return state, n
+
+    def save(self, doc_key: str, prompt_ids: Sequence[int], state) -> int:
         """Cache the full segments of `state` that hold prompt_ids; returns how many are new.
 
         The state's tokens must start with prompt_ids (it may hold more, e.g. the answer).
@@ -138,22 +189,52 @@ class PrefixCache:
         ns = self.namespace(doc_key)
         size = self.settings.segment_size
         n = min(len(prompt_ids), state.num_tokens)
+        if self.keep_live:
+            self.live = (ns, tuple(prompt_ids[:n]), state)
         new = 0
         for i, h in enumerate(chain_hashes(ns, list(prompt_ids[:n]), size)):
-            seg = state.cache.segments[i]
-            if seg.hash == h:
+            ids = tuple(prompt_ids[i * size:(i + 1) * size])
+            if self._lookup(h, ns, ids) is not None:
                 continue
-            if self._lookup(h, ns, tuple(prompt_ids[i * size:(i + 1) * size])) is None:
-                ids = tuple(prompt_ids[i * size:(i + 1) * size])
-                state.cache._load(seg)
-                seg.shared, seg.hash, seg.token_ids = True, h, ids
-                meta = {"namespace": ns, "token_ids": json.dumps(list(ids))}
-                write_segment_file(self._path(h), seg, meta)
-                seg.disk_path = self._path(h)
-                self._remember(h, seg)
-                new += 1
-        self._trim_disk()
+            try:
+                seg = state.export_segment(i)
+            except ValueError:  # tiered: the segment already left the GPU; it stays uncached
+                continue
+            seg.shared, seg.hash, seg.token_ids = True, h, ids
+            meta = {"namespace": ns, "token_ids": json.dumps(list(ids))}
+            self._write(self._path(h), seg, meta)
+            seg.disk_path = self._path(h)
+            self._remember(h, seg)
+            new += 1
+        self._submit(self._trim_disk)
+        if not self.background:
+            self.flush()
         return new
+
+    # --- writes --------------------------------------------------------------------------------
+    @property
+    def background(self) -> bool:
+        """Files are written by a background thread when the states are on a GPU: an 8B model's
+        128K-token document is 16 GiB of segments, which would hold the answer back ~25 s."""
+        return self.keep_live
+
+    def _submit(self, fn, *args) -> None:
+        if self._writer is None:
+            import atexit
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="docqa-kv-write")
+            atexit.register(self.flush)  # a process that answered still finishes its writes
+        self._pending.append(self._writer.submit(fn, *args))
+
+    def _write(self, path: Path, seg: Segment, meta: dict) -> None:
+        self._submit(write_segment_file, path, seg, meta)
+
+    def flush(self) -> None:
+        """Wait until every segment file submitted so far is on disk (errors re-raised)."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
 
     # --- tiers ---------------------------------------------------------------------------------
 
@@ -188,8 +269,7 @@ class PrefixCache:
         size = int(meta["size"])
         # K/V stay on disk until a query reads them; descriptors (small) come in now.
         return Segment(start=int(meta["start"]), size=size, length=int(meta["length"]),
-                       kmin=t["kmin"].to(self.device), kmax=t["kmax"].to(self.device),
-                       kmean=t["kmean"].to(self.device), disk_path=path, shared=True, hash=h,
+                       kmin=t["kmin"], kmax=t["kmax"], kmean=t["kmean"], disk_path=path, shared=True, hash=h,
                        token_ids=ids)
 
     def _remember(self, h: str, seg: Segment) -> None:

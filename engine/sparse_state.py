@@ -60,6 +60,7 @@ class SparseKVState:
             device=device, live_segments=s.live_segments, host_segments=host_segments,
             spill_dir=spill_dir,
         )
+        self.layout = "unrotated"  # keys stored before RoPE (positions are applied when read)
         self.routed_chunks = 0  # chunk-layers that went through routing
         self.uncovered_chunks = 0  # ... of which some candidate block was left out
         self.last_route: Route | None = None
@@ -72,6 +73,16 @@ class SparseKVState:
     def exact(self) -> bool:
         """No query so far attended to fewer keys than dense attention would."""
         return self.uncovered_chunks == 0
+
+    # --- prefix-cache segments (engine/prefix_cache.py) ---------------------------------------
+    def export_segment(self, i: int):
+        """Segment i itself, resident: the prefix cache shares it from now on (read-only)."""
+        seg = self.cache.segments[i]
+        self.cache._load(seg)
+        return seg
+
+    def adopt(self, segments) -> None:
+        self.cache.adopt(segments)
 
     # --- KVState -------------------------------------------------------------------------------
 

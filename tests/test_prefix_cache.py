@@ -64,7 +64,7 @@ def ask(model, cache, doc_key, prompt):
 
 def test_second_question_prefills_only_the_question(tmp_path):
     model, doc = tiny_model(), ids(400, 1)
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
     q1, q2 = doc + ids(20, 2), doc + ids(25, 3)
     l1, cached1, work1, _ = ask(model, cache, "doc-1", q1)
     assert cached1 == 0 and work1 == len(q1)
@@ -83,7 +83,7 @@ from test_prefix_cache import SETTINGS, Counting
 from docqa.engine.prefix_cache import PrefixCache
 prompt = json.loads(sys.argv[3])
 model = tiny_model()
-cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=sys.argv[2])
+cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=sys.argv[2])
 state, cached = cache.get_state("doc-1", prompt)
 counting = Counting(state)
 logits = model(torch.tensor(prompt[cached:]), counting, last_only=True)
@@ -94,7 +94,7 @@ print(json.dumps({"cached": cached, "work": counting.tokens, "disk_hits": cache.
 
 def test_another_process_reuses_the_disk_tier(tmp_path):
     model, doc = tiny_model(), ids(300, 4)
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path / "kv")
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path / "kv")
     ask(model, cache, "doc-1", doc + ids(10, 5))
     prompt = doc + ids(12, 6)
     script = tmp_path / "child.py"
@@ -110,7 +110,7 @@ def test_another_process_reuses_the_disk_tier(tmp_path):
 
 def test_documents_sharing_a_prefix_never_share_kv(tmp_path):
     model = tiny_model()
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
     common = ids(200, 7)
     a = common + ids(200, 8)  # same first segment, different second one
     b = common + ids(200, 9)
@@ -129,19 +129,19 @@ def test_documents_sharing_a_prefix_never_share_kv(tmp_path):
 
 def test_settings_and_models_never_share(tmp_path):
     model, prompt = tiny_model(), ids(300, 10)
-    ask(model, PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path), "doc-1", prompt)
-    assert PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path).get_state("doc-1", prompt)[1] == 2 * SEG
+    ask(model, PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path), "doc-1", prompt)
+    assert PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path).get_state("doc-1", prompt)[1] == 2 * SEG
     other_settings = [EngineSettings(top_k=64, positions="true", **SMALL),
                       EngineSettings(top_k=64, kv_dtype="bfloat16", **SMALL),
                       EngineSettings(top_k=64, **{**SMALL, "block_size": 32})]
     for s in other_settings:
-        assert PrefixCache(CFG, "model-a", s, cache_dir=tmp_path).get_state("doc-1", prompt)[1] == 0
-    assert PrefixCache(CFG, "model-b", SETTINGS, cache_dir=tmp_path).get_state("doc-1", prompt)[1] == 0
+        assert PrefixCache.for_config(CFG, "model-a", s, cache_dir=tmp_path).get_state("doc-1", prompt)[1] == 0
+    assert PrefixCache.for_config(CFG, "model-b", SETTINGS, cache_dir=tmp_path).get_state("doc-1", prompt)[1] == 0
 
 
 def test_appends_and_truncation_never_corrupt_the_cached_copy(tmp_path):
     model, doc = tiny_model(), ids(300, 11)
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
     ask(model, cache, "doc-1", doc)
     state, cached = cache.get_state("doc-1", doc + [1])
     assert cached == 2 * SEG
@@ -154,7 +154,7 @@ def test_appends_and_truncation_never_corrupt_the_cached_copy(tmp_path):
 
 def test_lru_across_documents_and_reload_from_disk(tmp_path):
     model = tiny_model()
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path, memory_segments=2)
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path, memory_segments=2)
     docs = {f"doc-{i}": ids(300, 20 + i) for i in range(3)}
     for key, doc in docs.items():
         ask(model, cache, key, doc + [5])
@@ -164,7 +164,7 @@ def test_lru_across_documents_and_reload_from_disk(tmp_path):
     assert cached == 2 * SEG and cache.hits_disk >= 2  # ...and came back from disk
     assert rel_err(logits, dense_logits(model, prompt)) < TOL
     # A disk budget of one segment keeps only the most recently used file(s).
-    small = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path, disk_bytes=1)
+    small = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path, disk_bytes=1)
     small._trim_disk()
     assert len(list(tmp_path.glob("*/*.safetensors"))) == 0
 
@@ -175,7 +175,7 @@ def test_a_hit_rechecks_namespace_and_token_ids(tmp_path):
     from docqa.engine.prefix_cache import chain_hashes
 
     model = tiny_model()
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
     a, b = ids(200, 30), ids(200, 31)
     ask(model, cache, "doc-a", a)
     (src,) = list(tmp_path.glob("*/*.safetensors"))
@@ -184,6 +184,6 @@ def test_a_hit_rechecks_namespace_and_token_ids(tmp_path):
         if target != src:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(src.read_bytes())
-        fresh = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
+        fresh = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
         assert fresh.get_state(key, prompt)[1] == 0, key
-    assert PrefixCache(CFG, "model-a", SETTINGS, cache_dir=tmp_path).get_state("doc-a", a)[1] == SEG
+    assert PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path).get_state("doc-a", a)[1] == SEG

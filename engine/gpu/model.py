@@ -1,35 +1,40 @@
-"""A Llama-shaped decoder on one GPU over the Triton kernels: the speed path and its bench model.
+"""The engine's decoder on CUDA: every Llama-family checkpoint the engine loads, over the Triton kernels.
 
-Weights are plain bf16 tensors (random for benchmarks: speed does not depend on their values).
-The KV cache is time-major per layer, `[capacity, Hkv, D]`, in bf16 or fp8 (e4m3), with
-per-block min/max/mean key descriptors for routing. Attention is either
+`Engine.load(..., device="cuda")` builds a `CudaDecoder` from the checkpoint's own tensors
+(bf16 by default); `bench/gpu.py` benchmarks the same class on random-weight checkpoints
+written by `transformers`. The CPU path (engine/models/llama.py) is the reference it is
+checked against, as is HF transformers.
 
-- `sparse`: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse.py);
-  prefill runs in chunks whose routing is shared per `route_chunk` queries (the chunk's last
-  `route_tail` queries routed on their own), decode routes
-  each token; or
-- `dense`: PyTorch SDPA over the whole past (the reference the targets are measured against).
+Per layer: RMSNorm + fused q/k/v projection (+ Qwen2 biases, + Qwen3 q/k norms), RoPE at true
+positions, the K/V store with block descriptors, attention, o projection, RMSNorm + gate/up +
+SwiGLU + down. Decode (one token) runs every projection through the GEMV of kernels/linear with
+its norm / SwiGLU / residual fused, and, where the architecture allows, RoPE and the KV append
+in the qkv GEMV's epilogue; prefill runs cuBLAS GEMMs. Attention reads the state's settings:
 
-Decode is one CUDA graph per step: the position lives in a device tensor that the graph
-advances, and the next token is the argmax written back into the input buffer, so a run of
-replays is real greedy decoding with no host synchronisation.
+- sparse: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse.py);
+  prefill routes once per `route_chunk` queries (the chunk's last `route_tail` on their own),
+  decode per token;
+- dense: the same kernel with no routed blocks and a window wider than any context (exact
+  causal attention; what `ask` over retrieved passages uses);
+- sdpa: PyTorch SDPA over a head-major cache — only the dense baseline the benchmark reports.
+
+Decode is one CUDA graph per state (`GraphedDecode`): the position lives in a device tensor the
+graph advances and the greedy token is written back into the input buffer, so a run of replays
+is greedy decoding with no host synchronisation; the logits of each step land in a static
+buffer for callers that choose tokens themselves.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from ...kernels.attention.triton_kvstore import NO_RING, fused_append_kv, fused_store_kv_blocks
+from ...kernels.attention.triton_kvstore import fused_append_kv, fused_store_kv_blocks
 from ...kernels.attention.triton_sparse import (
     fused_argmax,
     fused_block_scores,
     fused_decode_topk,
     fused_sparse_attention,
-    fused_topk_blocks,
     fused_topk_blocks_unsorted,
     staging_rows,
 )
@@ -37,357 +42,260 @@ from ...kernels.linear.triton_gemv import fused_gemv, fused_qkv_gemv
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.rope.triton_rope import fused_rope
 from ...kernels.swiglu.triton_swiglu import fused_swiglu
-from ..settings import EngineSettings
+from ..config import ModelConfig
+from ..rope import inv_frequencies
+
+DENSE_WINDOW = 1 << 30  # a window wider than any context: the sparse kernel attends densely
 
 
-@dataclass(frozen=True)
-class Shape:
-    layers: int = 32
-    hidden: int = 4096
-    heads: int = 32
-    kv_heads: int = 8
-    head_dim: int = 128
-    ffn: int = 14336
-    vocab: int = 128256
-    rope_theta: float = 500000.0
-    eps: float = 1e-5
+class CudaWeights:
+    """The checkpoint's tensors (HF names, already in the run dtype on the device), fused the way
+    the kernels read them: q/k/v rows in one matrix, gate/up rows in one matrix. Each source
+    tensor is dropped as soon as it is fused, so loading peaks at one layer above the model."""
 
-    def __post_init__(self):
-        assert self.heads % self.kv_heads == 0 and self.head_dim % 2 == 0
-
-    @property
-    def q_size(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    def weight_bytes(self) -> int:
-        per_layer = self.hidden * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden + 3 * self.hidden * self.ffn
-        return 2 * (self.layers * per_layer + 2 * self.vocab * self.hidden)
-
-
-LLAMA3_8B = Shape()
-
-
-_DEFAULTS = EngineSettings()
-
-
-@dataclass(frozen=True)
-class Routing:
-    """The engine's routing knobs, defaults taken from engine/settings.py's EngineSettings (so
-    the bench model cannot drift from what the engine runs); the bench may override any."""
-
-    sinks: int = _DEFAULTS.sink_tokens
-    window: int = _DEFAULTS.window
-    block: int = _DEFAULTS.block_size
-    top_k: int = _DEFAULTS.top_k
-    route_chunk: int = _DEFAULTS.route_chunk
-    route_tail: int = _DEFAULTS.route_tail
-    score: str = _DEFAULTS.block_score
-
-    def __post_init__(self):
-        assert self.sinks < self.block, "decode routing assumes the sinks lie inside block 0"
-
-
-class Weights:
-    def __init__(self, shape: Shape, device="cuda", seed: int = 0):
-        g = torch.Generator(device=device).manual_seed(seed)
-        s = shape
-
-        def rand(*dims):
-            # 1/sqrt(fan_in) keeps activations O(1) through 32 random layers
-            return (torch.randn(*dims, generator=g, device=device, dtype=torch.bfloat16) / math.sqrt(dims[-1]))
-
-        self.embed = torch.randn(s.vocab, s.hidden, generator=g, device=device, dtype=torch.bfloat16)
-        self.wqkv = [rand(s.q_size + 2 * s.kv_size, s.hidden) for _ in range(s.layers)]
-        self.wo = [rand(s.hidden, s.q_size) for _ in range(s.layers)]
-        self.w13 = [rand(2 * s.ffn, s.hidden) for _ in range(s.layers)]
-        self.w2 = [rand(s.hidden, s.ffn) for _ in range(s.layers)]
-        self.ln1 = [1 + 0.1 * torch.randn(s.hidden, generator=g, device=device, dtype=torch.bfloat16) for _ in range(s.layers)]
-        self.ln2 = [1 + 0.1 * torch.randn(s.hidden, generator=g, device=device, dtype=torch.bfloat16) for _ in range(s.layers)]
-        self.norm = torch.ones(s.hidden, device=device, dtype=torch.bfloat16)
-        self.lm_head = rand(s.vocab, s.hidden)
-
-
-class KVCache:
-    """Per-layer time-major K/V `[capacity, Hkv, D]` plus block min/max descriptors.
-    (engine/gpu/tiering.py's `TieredKVCache` has the same interface for KV that spills to CPU.)"""
-
-    ring_arg = NO_RING  # every position at its own row
-    table = None  # no block table: logical block = physical block
-    disk = ()  # no segment on disk
-    usage = None  # no promotion counts
-
-    def host(self, layer: int):
-        return None
-
-    def __init__(self, shape: Shape, capacity: int, dtype=torch.bfloat16, block: int = 64, layout: str = "time",
-                 device="cuda"):
-        self.shape, self.capacity, self.dtype, self.block, self.layout = shape, capacity, dtype, block, layout
-        s = shape
-        if layout == "time":
-            dims = (s.layers, capacity, s.kv_heads, s.head_dim)
-        else:  # "head": [L, Hkv, N, D], what SDPA wants for the dense baseline
-            dims = (s.layers, s.kv_heads, capacity, s.head_dim)
-        self.k = torch.empty(dims, dtype=dtype, device=device)
-        self.v = torch.empty(dims, dtype=dtype, device=device)
-        nb = -(-capacity // block)
-        # bf16 descriptors (tensor-core scoring) unless the cache itself is fp32 (CPU checks)
-        self.desc_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
-        self.kmin = torch.empty(s.layers, nb, s.kv_heads, s.head_dim, dtype=self.desc_dtype, device=device)
-        self.kmax = torch.empty_like(self.kmin)
-        self.kmean = torch.empty_like(self.kmin)
-        # fp32 key sum of each layer's open (last, partly filled) block, which decode extends
-        self.ksum = torch.zeros(s.layers, s.kv_heads, s.head_dim, dtype=torch.float32, device=device)
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]):
+        c = config
+        t = {name.removeprefix("model."): x for name, x in tensors.items()}
+        tensors.clear()
+        take = t.pop
+        self.embed = take("embed_tokens.weight")
+        self.wqkv, self.bqkv, self.q_norm, self.k_norm = [], [], [], []
+        self.wo, self.w13, self.w2, self.ln1, self.ln2 = [], [], [], [], []
+        for i in range(c.n_layers):
+            p = f"layers.{i}."
+            a = p + "self_attn."
+            self.wqkv.append(torch.cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]))
+            if c.qkv_bias:
+                self.bqkv.append(torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]))
+            if c.qk_norm:
+                self.q_norm.append(take(a + "q_norm.weight"))
+                self.k_norm.append(take(a + "k_norm.weight"))
+            self.wo.append(take(a + "o_proj.weight"))
+            m = p + "mlp."
+            self.w13.append(torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
+            self.w2.append(take(m + "down_proj.weight"))
+            self.ln1.append(take(p + "input_layernorm.weight"))
+            self.ln2.append(take(p + "post_attention_layernorm.weight"))
+        self.norm = take("norm.weight")
+        head = t.pop("lm_head.weight", None)
+        self.lm_head = self.embed if c.tie_embeddings or head is None else head
+        if t:
+            raise KeyError(f"checkpoint tensors the model does not use: {sorted(t)[:5]}")
+        want = (c.vocab, c.hidden)
+        if tuple(self.embed.shape) != want or self.wqkv[0].shape != ((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.hidden):
+            raise KeyError(f"tensor shapes do not fit the config (embed {tuple(self.embed.shape)}, want {want})")
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.kmin, self.kmax, self.kmean))
-
-    def fill_random(self, n: int, seed: int = 1) -> None:
-        """Stand-in for a prefilled document of n tokens (timing only), descriptors included."""
-        g = torch.Generator(device=self.k.device).manual_seed(seed)
-        step = 1 << 16  # keys per piece: bounded temporaries even at 1M tokens
-        s = self.shape
-        for layer in range(s.layers):
-            for a in range(0, n, step):
-                b = min(n, a + step)
-                keys = torch.randn(b - a, s.kv_heads, s.head_dim, generator=g, device=self.k.device, dtype=torch.bfloat16)
-                vals = torch.randn(b - a, s.kv_heads, s.head_dim, generator=g, device=self.k.device, dtype=torch.bfloat16)
-                if self.layout == "time":
-                    self.k[layer, a:b] = keys
-                    self.v[layer, a:b] = vals
-                    self.update_descriptors(layer, a, b)
-                else:
-                    self.k[layer, :, a:b] = keys.transpose(0, 1)
-                    self.v[layer, :, a:b] = vals.transpose(0, 1)
-
-    def update_descriptors(self, layer: int, start: int, end: int) -> None:
-        """Recompute min/max/mean of every block touched by keys start..end-1 (their keys are stored)."""
-        b0, b1 = start // self.block, -(-end // self.block)
-        keys = self.k[layer, b0 * self.block: b1 * self.block]
-        if keys.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            keys = keys.to(torch.bfloat16)  # fp8 has no min/max kernels
-        pad = 0
-        if keys.shape[0] < (b1 - b0) * self.block or end % self.block:
-            keys = keys[: end - b0 * self.block].float()
-            pad = (b1 - b0) * self.block - keys.shape[0]
-            lo = torch.cat([keys, keys.new_full((pad, *keys.shape[1:]), float("inf"))])
-            hi = torch.cat([keys, keys.new_full((pad, *keys.shape[1:]), float("-inf"))])
-            zs = torch.cat([keys, keys.new_zeros((pad, *keys.shape[1:]))])
-        else:
-            lo = hi = zs = keys
-        shp = (b1 - b0, self.block, self.shape.kv_heads, self.shape.head_dim)
-        self.kmin[layer, b0:b1] = lo.reshape(shp).amin(1).to(self.desc_dtype)
-        self.kmax[layer, b0:b1] = hi.reshape(shp).amax(1).to(self.desc_dtype)
-        sums = zs.reshape(shp).float().sum(1)
-        counts = torch.full((b1 - b0, 1, 1), float(self.block), device=sums.device)
-        counts[-1] = self.block - pad
-        self.kmean[layer, b0:b1] = (sums / counts).to(self.desc_dtype)
-        self.ksum[layer] = sums[-1]  # decode's append continues the last block from here
+        seen, total = set(), 0
+        for x in [self.embed, self.norm, self.lm_head, *self.wqkv, *self.bqkv, *self.q_norm, *self.k_norm,
+                  *self.wo, *self.w13, *self.w2, *self.ln1, *self.ln2]:
+            if x.data_ptr() not in seen:
+                seen.add(x.data_ptr())
+                total += x.numel() * x.element_size()
+        return total
 
 
-GEMV_ALL = ("qkv", "o", "gate_up", "down", "lm_head")
-# Measured on the H200 in one graphed decode step at 128K (bench/results/gpu.md): every
-# projection in the fused GEMV 5.23 ms, cuBLAS for o/down only 5.47, all cuBLAS 5.50 — though
-# timed one by one, cuBLAS looked faster for o and down (its launch gaps hid in isolation).
-GEMV_DEFAULT = GEMV_ALL
-
-
-class Model:
-    def __init__(self, shape: Shape, weights: Weights, routing: Routing = Routing(), *,
-                 gemv: tuple[str, ...] = GEMV_DEFAULT):
-        # gemv: the decode projections that run through kernels/linear's GEMV (their RMSNorm /
-        # SwiGLU folded in) instead of cuBLAS plus separate kernels; the others stay cuBLAS
-        assert set(gemv) <= set(GEMV_ALL), gemv
-        self.s, self.w, self.r = shape, weights, routing
-        self.gemv = tuple(gemv)
-        self.fast_argmax = True  # decode's greedy pick through kernels/attention's two-pass argmax
-        self.fused_store = True  # prefill's KV store + block descriptors in one kernel per layer
-        self.fast_topk = True  # prefill routing's top-k through the decode top-k kernels, unsorted
-        self.fused_qkv = True  # decode: RoPE + KV append folded into the qkv GEMV (needs "qkv" in gemv)
-        # prefill routing: candidate masks in the block-score kernel and -1 for non-candidate picks
-        # in the top-k kernels (was: torch masks, where, gather over the scores per layer)
-        self.fold_routing = True
+class CudaDecoder:
+    def __init__(self, config: ModelConfig, weights: CudaWeights):
+        self.config, self.w = config, weights
+        c = config
+        self.q_size, self.kv_size = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        # RoPE and the KV append ride in the qkv GEMV's epilogue unless something must happen
+        # between the projection and RoPE (Qwen2's biases, Qwen3's per-head norms)
+        self.fold_qkv = not c.qkv_bias and not c.qk_norm
+        device = weights.embed.device
+        self.inv_freq = inv_frequencies(c).double().to(device)
+        self.dtype = weights.embed.dtype
         self._decode_picks: list[torch.Tensor] = []  # a tiered decode step's routing picks (promotion)
-        half = shape.head_dim // 2
-        self.inv_freq = 1.0 / shape.rope_theta ** (
-            torch.arange(half, dtype=torch.float64, device=weights.embed.device) * 2 / shape.head_dim)
+        self._no_blocks: dict[int, torch.Tensor] = {}  # dense attention's empty selection per device
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.embed.device
 
     def cos_sin(self, positions: torch.Tensor):
+        # float64 angles: at position 1M a float32 product loses the low frequencies' phase
         ang = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
         return ang.cos().float(), ang.sin().float()
 
-    # --- one layer's attention under each mode -------------------------------------------------
-    def _attend_sparse_prefill(self, layer, q, kv: KVCache, p0: int, t: int):
-        """Routing chunks of route_chunk queries, then the last route_tail queries on their own
-        (router.routing_chunks); the keys of the whole chunk are stored before any attends."""
-        r = self.r
-        head = t - r.route_tail if 0 < r.route_tail < t else t
+    def _empty_selection(self) -> torch.Tensor:
+        idx = self._no_blocks.get(0)
+        if idx is None:
+            idx = self._no_blocks[0] = torch.full((self.config.n_kv_heads, 1), -1, dtype=torch.long, device=self.device)
+        return idx
+
+    # --- one layer's attention -------------------------------------------------------------------
+    def _attend_prefill(self, layer, q, kv, p0: int) -> torch.Tensor:
+        s = kv.settings
+        t = q.shape[0]
+        if s.attention == "dense":
+            out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, self._empty_selection(), s.block_size,
+                                            0, DENSE_WINDOW)
+            return out
+        # routing chunks of route_chunk queries, then the last route_tail queries on their own
+        # (router.routing_chunks); the keys of the whole chunk are stored before any attends
+        head = t - s.route_tail if 0 < s.route_tail < t else t
         out = torch.empty_like(q)
-        self._route_and_attend(layer, q[:head], kv, p0, r.route_chunk, out[:head])
+        self._route_and_attend(layer, q[:head], kv, p0, s.route_chunk, out[:head])
         if head < t:
             self._route_and_attend(layer, q[head:], kv, p0 + head, t - head, out[head:])
         return out
 
-    def _route_and_attend(self, layer, q, kv: KVCache, p0: int, chunk: int, out: torch.Tensor) -> None:
-        r = self.r
+    def _route_and_attend(self, layer, q, kv, p0: int, chunk: int, out: torch.Tensor) -> None:
+        s = kv.settings
         t = q.shape[0]
-        nb = -(-(p0 + t) // r.block)
-        mean = kv.kmean[layer, :nb] if r.score == "mean" else kv.kmin[layer, :nb]
-        k_pick = min(r.top_k, nb)
-        first = r.sinks // r.block
-        if self.fold_routing and self.fast_topk and k_pick <= 64 and p0 + min(chunk, t) - r.window >= 0:
-            scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], mean, r.score, chunk=chunk,
-                                        chunk_candidates=(first, p0, r.window, r.block))
+        nb = -(-(p0 + t) // s.block_size)
+        mean = kv.kmean[layer, :nb] if s.block_score == "mean" else kv.kmin[layer, :nb]
+        k_pick = min(s.top_k, nb)
+        first = s.sink_tokens // s.block_size
+        if 0 < k_pick <= 64 and p0 + min(chunk, t) - s.window >= 0:
+            # candidate masks in the block-score kernel, -1 for non-candidate picks in the top-k
+            scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], mean, s.block_score, chunk=chunk,
+                                        chunk_candidates=(first, p0, s.window, s.block_size))
             c = scores.shape[0]
             idx = fused_decode_topk(scores.view(-1, nb), k_pick, drop_noncandidates=True).view(c, -1, k_pick)
-            if k_pick < r.top_k:
-                idx = torch.cat([idx, idx.new_full((*idx.shape[:-1], r.top_k - k_pick), -1)], dim=-1)
-            self._attend_routed(layer, q, kv, p0, chunk, c, idx, out)
-            return
-        scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], mean, r.score, chunk=chunk)
-        c = scores.shape[0]
-        last = torch.clamp(torch.arange(1, c + 1, device=q.device) * chunk, max=t) - 1 + p0
-        # a block is a candidate if some key of it is outside the window of the chunk's last query
-        end = ((last - r.window + 1 + r.block - 1) // r.block).clamp_min(0)[:, None, None]
-        topk = fused_topk_blocks_unsorted if self.fast_topk else fused_topk_blocks
-        idx = topk(scores, r.top_k, first, end)
-        self._attend_routed(layer, q, kv, p0, chunk, c, idx, out)
-
-    def _attend_routed(self, layer, q, kv, p0: int, chunk: int, c: int, idx: torch.Tensor, out: torch.Tensor) -> None:
-        if _on_disk(kv):
+        else:  # early in a context, or a top_k past the decode top-k kernel's 64
+            scores = fused_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], mean, s.block_score, chunk=chunk)
+            c = scores.shape[0]
+            last = torch.clamp(torch.arange(1, c + 1, device=q.device) * chunk, max=t) - 1 + p0
+            # a block is a candidate if some key of it is outside the window of the chunk's last query
+            end = ((last - s.window + 1 + s.block_size - 1) // s.block_size).clamp_min(0)[:, None, None]
+            idx = fused_topk_blocks_unsorted(scores, max(s.top_k, 1), first, end)
+        if kv.table is not None and kv.disk:
             # tiered with segments on disk: launch by groups of routing chunks whose picks the host
             # pool can hold at once, each after its disk segments are back (no ON_DISK entry is read)
             for c0, c1 in kv.fault_groups(idx, c):
-                a, b = c0 * chunk, min(c1 * chunk, q.shape[0])
+                a, b = c0 * chunk, min(c1 * chunk, t)
                 self._launch_routed(layer, q[a:b], kv, p0 + a, chunk, c1 - c0, idx[c0:c1], out[a:b])
             return
         self._launch_routed(layer, q, kv, p0, chunk, c, idx, out)
 
     def _launch_routed(self, layer, q, kv, p0: int, chunk: int, c: int, idx: torch.Tensor, out: torch.Tensor) -> None:
-        r = self.r
+        s = kv.settings
         host = kv.host(layer)
         staging = None
         if host is not None:  # tiered: the selected host blocks are staged on the GPU first
-            staging = kv.staging_buffers(staging_rows(c, self.s.kv_heads, idx.shape[-1], r.block))
-        fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, idx, r.block, r.sinks, r.window,
+            staging = kv.staging_buffers(staging_rows(c, self.config.n_kv_heads, idx.shape[-1], s.block_size))
+        fused_sparse_attention(q, kv.k[layer], kv.v[layer], p0, idx, s.block_size, s.sink_tokens, s.window,
                                route_chunk=chunk if c > 1 else None, out=out, block_table=kv.table,
                                host=host, staging=staging)
 
-    def decode_end(self, pos: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def decode_end(kv, pos: torch.Tensor) -> torch.Tensor:
         """First block whose keys the window of the query at `pos` covers (same for all layers)."""
-        r = self.r
-        return ((pos - r.window + r.block) // r.block).clamp_min(0)
+        s = kv.settings
+        return ((pos - s.window + s.block_size) // s.block_size).clamp_min(0)
 
-    def _attend_sparse_decode(self, layer, q, kv: KVCache, pos: torch.Tensor, end: torch.Tensor):
-        r = self.r
-        mean = kv.kmean[layer] if r.score == "mean" else kv.kmin[layer]
-        scores = fused_block_scores(q, kv.kmin[layer], kv.kmax[layer], mean, r.score,
-                                    candidates=(r.sinks // r.block, end))
+    def _attend_decode(self, layer, q, kv, pos: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        s = kv.settings
+        if s.attention == "dense":
+            out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, self._empty_selection(), s.block_size,
+                                            0, DENSE_WINDOW)
+            return out
+        mean = kv.kmean[layer] if s.block_score == "mean" else kv.kmin[layer]
+        scores = fused_block_scores(q, kv.kmin[layer], kv.kmax[layer], mean, s.block_score,
+                                    candidates=(s.sink_tokens // s.block_size, end))
         # Fewer than top_k candidates only early in a context: the extra picks are then blocks
         # the window covers (or not yet written), whose keys the kernel masks (exact because no
         # block precedes `first` when sinks < block), so the raw top-k needs no clean-up launches.
-        idx = fused_decode_topk(scores, min(r.top_k, scores.shape[-1]))
+        idx = fused_decode_topk(scores, min(s.top_k, scores.shape[-1]))
         if kv.table is not None:
             if kv.disk:
                 kv.fault_in(idx)  # eager only: a host sync, then the picked disk segments come back
             if kv.usage is not None:
                 self._decode_picks.append(idx)  # counted once per step (promotion)
         # tiered: selected blocks in CPU memory are read in place over PCIe (each once per step)
-        out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, idx, r.block, r.sinks, r.window,
+        out, _ = fused_sparse_attention(q, kv.k[layer], kv.v[layer], pos, idx, s.block_size, s.sink_tokens, s.window,
                                         block_table=kv.table, host=kv.host(layer))
         return out
 
-    def layer(self, i: int, x: torch.Tensor, kv: KVCache, cos, sin, *, p0: int | None = None,
-              pos: torch.Tensor | None = None, mode: str = "sparse", dense_len: int | None = None,
-              end: torch.Tensor | None = None):
-        s, w = self.s, self.w
-        t = x.shape[0]
-        gemv = self.gemv if pos is not None else ()
-        # decode: RoPE and the KV append (with descriptors) ride in the qkv GEMV's epilogue
-        folded = "qkv" in gemv and self.fused_qkv and mode == "sparse" and pos is not None
-        if folded:
-            qkv = fused_qkv_gemv(x, w.wqkv[i], w.ln1[i], s.eps, cos, sin, s.heads, s.kv_heads, pos, kv.k[i],
-                                 kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], self.r.block,
-                                 ring=kv.ring_arg)
-        elif "qkv" in gemv:
-            qkv = fused_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=s.eps)
-        else:
-            qkv = fused_rms_norm(x, w.ln1[i], s.eps) @ w.wqkv[i].t()
-        qk = qkv[:, : s.q_size + s.kv_size].view(t, s.heads + s.kv_heads, s.head_dim)
-        if not folded:
-            fused_rope(qk, cos, sin, out=qk)  # q and k heads are adjacent: one launch rotates both
-        q = qkv[:, : s.q_size].view(t, s.heads, s.head_dim)
-        k = qkv[:, s.q_size: s.q_size + s.kv_size].view(t, s.kv_heads, s.head_dim)
-        v = qkv[:, s.q_size + s.kv_size:].view(t, s.kv_heads, s.head_dim)
-        if mode == "sparse":
-            if pos is not None:
-                if not folded:
-                    fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, self.r.block,
-                                    kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
-                o = self._attend_sparse_decode(i, q, kv, pos, self.decode_end(pos) if end is None else end)
-            else:
-                if self.fused_store or kv.table is not None:
-                    fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, kv.block,
-                                          kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
-                else:
-                    kv.k[i, p0: p0 + t] = k
-                    kv.v[i, p0: p0 + t] = v
-                    kv.update_descriptors(i, p0, p0 + t)
-                o = self._attend_sparse_prefill(i, q, kv, p0, t)
-        else:
-            o = self._attend_dense(i, q, k, v, kv, p0, pos, dense_len)
-        if "o" in gemv:
-            x = fused_gemv(o.reshape(t, s.q_size), w.wo[i], residual=x)
-        else:
-            # in place: out-of-place addmm first copies the residual stream into its result (a
-            # 32 MiB device copy per projection in a 4096-token prefill chunk); x is this layer's own
-            x = x.addmm_(o.reshape(t, s.q_size), w.wo[i].t())
-        if "gate_up" in gemv:
-            a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=s.eps, swiglu=True)
-        else:
-            gu = fused_rms_norm(x, w.ln2[i], s.eps) @ w.w13[i].t()
-            a = fused_swiglu(gu[:, : s.ffn], gu[:, s.ffn:])
-        if "down" in gemv:
-            return fused_gemv(a, w.w2[i], residual=x)
-        return x.addmm_(a, w.w2[i].t())
-
-    def _attend_dense(self, i, q, k, v, kv: KVCache, p0, pos, dense_len):
-        s = self.s
+    def _attend_sdpa(self, i, q, k, v, kv, p0, pos):
+        """The dense SDPA baseline (head-major cache): decode at a fixed context kv.sdpa_len."""
+        c = self.config
         t = q.shape[0]
-        g = s.heads // s.kv_heads
+        g = c.q_per_kv
         if pos is not None:
-            # decode at a fixed context length (dense_len keys incl. this one): SDPA has static
-            # shapes only; the G query heads of a group become G queries of its kv head
-            kv.k[i, :, dense_len - 1] = k[0]
-            kv.v[i, :, dense_len - 1] = v[0]
-            qh = q.view(s.kv_heads, g, s.head_dim)[None]
-            o = F.scaled_dot_product_attention(qh, kv.k[i, None, :, :dense_len], kv.v[i, None, :, :dense_len])
-            return o.reshape(1, s.heads, s.head_dim)
-        kv.k[i, :, p0: p0 + t] = k.transpose(0, 1)
-        kv.v[i, :, p0: p0 + t] = v.transpose(0, 1)
-        assert p0 == 0, "the dense baseline prefills in one piece"
-        kk = kv.k[i, :, :t].repeat_interleave(g, dim=0)[None]
-        vv = kv.v[i, :, :t].repeat_interleave(g, dim=0)[None]
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk, vv, is_causal=True)
+            n = kv.sdpa_len
+            kv.k[i, :, n - 1] = k[0]
+            kv.v[i, :, n - 1] = v[0]
+            qh = q.view(c.n_kv_heads, g, c.head_dim)[None]  # a group's query heads as queries of its kv head
+            o = F.scaled_dot_product_attention(qh, kv.k[i, None, :, :n], kv.v[i, None, :, :n])
+            return o.reshape(1, c.n_heads, c.head_dim)
+        assert p0 == 0, "the SDPA baseline prefills in one piece"
+        kv.k[i, :, :t] = k.transpose(0, 1)
+        kv.v[i, :, :t] = v.transpose(0, 1)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kv.k[i, None, :, :t], kv.v[i, None, :, :t],
+                                           is_causal=True, enable_gqa=True)
         return o[0].transpose(0, 1)
 
-    # --- whole passes ---------------------------------------------------------------------------
-    def logits_last(self, x: torch.Tensor, gemv: bool = False) -> torch.Tensor:
-        if gemv:
-            return fused_gemv(x[-1:], self.w.lm_head, norm_weight=self.w.norm, eps=self.s.eps)
-        h = fused_rms_norm(x[-1:], self.w.norm, self.s.eps)
-        return h @ self.w.lm_head.t()
+    # --- one layer ---------------------------------------------------------------------------------
+    def layer(self, i: int, x: torch.Tensor, kv, cos, sin, *, p0: int | None = None,
+              pos: torch.Tensor | None = None, end: torch.Tensor | None = None) -> torch.Tensor:
+        c, w, s = self.config, self.w, kv.settings
+        t = x.shape[0]
+        decode = pos is not None
+        sdpa = s.attention == "sdpa"
+        folded = decode and self.fold_qkv and not sdpa
+        if folded:  # RoPE and the KV append (with descriptors) in the qkv GEMV's epilogue
+            qkv = fused_qkv_gemv(x, w.wqkv[i], w.ln1[i], c.rms_eps, cos, sin, c.n_heads, c.n_kv_heads, pos, kv.k[i],
+                                 kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], s.block_size,
+                                 ring=kv.ring_arg)
+        elif decode:
+            qkv = fused_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=c.rms_eps)
+        else:
+            qkv = fused_rms_norm(x, w.ln1[i], c.rms_eps) @ w.wqkv[i].t()
+        if w.bqkv:
+            qkv += w.bqkv[i]
+        hd = c.head_dim
+        if c.qk_norm:
+            q = fused_rms_norm(qkv[:, : self.q_size].reshape(t, c.n_heads, hd), w.q_norm[i], c.rms_eps)
+            k = fused_rms_norm(qkv[:, self.q_size: self.q_size + self.kv_size].reshape(t, c.n_kv_heads, hd),
+                               w.k_norm[i], c.rms_eps)
+            fused_rope(q, cos, sin, out=q)
+            fused_rope(k, cos, sin, out=k)
+        else:
+            if not folded:  # q and k heads are adjacent: one launch rotates both
+                qk = qkv[:, : self.q_size + self.kv_size].view(t, c.n_heads + c.n_kv_heads, hd)
+                fused_rope(qk, cos, sin, out=qk)
+            q = qkv[:, : self.q_size].view(t, c.n_heads, hd)
+            k = qkv[:, self.q_size: self.q_size + self.kv_size].view(t, c.n_kv_heads, hd)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, c.n_kv_heads, hd)
+        if sdpa:
+            o = self._attend_sdpa(i, q, k, v, kv, p0, pos)
+        elif decode:
+            if not folded:
+                fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, s.block_size,
+                                kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
+            o = self._attend_decode(i, q, kv, pos, self.decode_end(kv, pos) if end is None else end)
+        else:
+            fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, s.block_size,
+                                  kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
+            o = self._attend_prefill(i, q, kv, p0)
+        if decode:
+            x = fused_gemv(o.reshape(t, self.q_size), w.wo[i], residual=x)
+            a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
+            return fused_gemv(a, w.w2[i], residual=x)
+        # in place: out-of-place addmm first copies the residual stream into its result (a
+        # 32 MiB device copy per projection in a 4096-token prefill chunk); x is this layer's own
+        x = x.addmm_(o.reshape(t, self.q_size), w.wo[i].t())
+        gu = fused_rms_norm(x, w.ln2[i], c.rms_eps) @ w.w13[i].t()
+        a = fused_swiglu(gu[:, : c.intermediate], gu[:, c.intermediate:])
+        return x.addmm_(a, w.w2[i].t())
+
+    # --- whole passes --------------------------------------------------------------------------------
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_rms_norm(x, self.w.norm, self.config.rms_eps) @ self.w.lm_head.t()
 
     @torch.inference_mode()
-    def prefill(self, tokens: torch.Tensor, kv: KVCache, p0: int = 0, *, chunk: int = 4096, mode: str = "sparse",
-                chunk_times: list | None = None) -> torch.Tensor:
-        """Run tokens [T] at positions p0.. through the model, filling kv; returns last logits."""
+    def prefill(self, tokens: torch.Tensor, kv, p0: int = 0, *, chunk: int | None = None,
+                all_logits: bool = False, on_chunk=None, chunk_times: list | None = None) -> torch.Tensor:
+        """Run tokens [T] at positions p0.. through the model, filling kv. Returns fp32 logits of
+        the last token [1, V] (of every token [T, V] with all_logits). on_chunk(done, total)
+        after each chunk; chunk_times collects (start, length, CUDA events) per chunk."""
+        s = kv.settings
         t_all = tokens.shape[0]
-        step = chunk if mode == "sparse" else t_all
-        logits = None
+        step = t_all if s.attention == "sdpa" else (chunk or s.chunk_size)
+        outs = []
         for a in range(0, t_all, step):
             ev = None
             if chunk_times is not None:
@@ -396,86 +304,88 @@ class Model:
             b = min(t_all, a + step)
             if kv.table is not None:  # tiered KV: room for this chunk, and start the next one's moves
                 kv.prepare(p0 + a, p0 + b)
-                assert kv.evicted <= max(p0 + a - self.r.window, kv.pin), "window moved off the GPU: ring too small"
+                assert kv.evicted <= max(p0 + a - s.window, kv.pin), "window moved off the GPU: ring too small"
                 kv.prefetch(p0 + b + step)
             x = self.w.embed[tokens[a:b]]
             cos, sin = self.cos_sin(torch.arange(p0 + a, p0 + b, device=tokens.device))
-            for i in range(self.s.layers):
-                x = self.layer(i, x, kv, cos, sin, p0=p0 + a, mode=mode)
-            if b == t_all:
-                logits = self.logits_last(x)
+            for i in range(self.config.n_layers):
+                x = self.layer(i, x, kv, cos, sin, p0=p0 + a)
+            if all_logits:
+                outs.append(self._logits(x).float())
+            elif b == t_all:
+                outs.append(self._logits(x[-1:]).float())
             if ev is not None:
                 ev[1].record()
                 chunk_times.append((p0 + a, b - a, ev))
-        return logits
+            if on_chunk is not None:
+                on_chunk(b, t_all)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, kv: KVCache, mode: str = "sparse",
-                    dense_len: int | None = None) -> None:
-        """tok [1] long, pos [1] int32 device buffers; overwrites tok with the greedy next token
-        and advances pos (sparse mode; the dense baseline stays at dense_len). With a tiered
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, kv, logits: torch.Tensor | None = None) -> None:
+        """tok [1] long, pos [1] int32 device buffers: overwrites tok with the greedy next token,
+        writes the step's logits into `logits` [1, V] when given, and advances pos. With a tiered
         cache the caller maps the positions first (`kv.prepare`; GraphedDecode does)."""
         x = self.w.embed[tok]
         cos, sin = self.cos_sin(pos)
-        end = self.decode_end(pos)  # once per step, not per layer: fewer graph nodes
+        end = self.decode_end(kv, pos)  # once per step, not per layer: fewer graph nodes
         self._decode_picks = []
-        for i in range(self.s.layers):
-            x = self.layer(i, x, kv, cos, sin, pos=pos, mode=mode, dense_len=dense_len, end=end)
+        for i in range(self.config.n_layers):
+            x = self.layer(i, x, kv, cos, sin, pos=pos, end=end)
         if self._decode_picks:  # tiered with promotion: one count of all layers' picks, on the device
             kv.record_use(torch.cat([p.reshape(-1) for p in self._decode_picks]))
             self._decode_picks = []
-        logits = self.logits_last(x, gemv="lm_head" in self.gemv)
-        if self.fast_argmax:
-            fused_argmax(logits, out=tok)
-        else:
-            tok.copy_(logits.argmax(-1))
-        if mode == "sparse":
+        out = fused_gemv(x, self.w.lm_head, norm_weight=self.w.norm, eps=self.config.rms_eps)
+        if logits is not None:
+            logits.copy_(out)
+        fused_argmax(out, out=tok)
+        if kv.settings.attention != "sdpa":  # the SDPA baseline decodes at one fixed context
             pos.add_(1)
 
 
-def _on_disk(kv) -> bool:
-    """A tiered cache with segments on disk: every attention launch checks its picks first."""
-    return kv.table is not None and bool(kv.disk)
-
-
 class GraphedDecode:
-    """One decode step captured as a CUDA graph over static token/position buffers. With a tiered
-    cache: while any segment is on disk, neither capture nor replay (the graph has no fault
-    check, so it could read a disk entry); the loop then decodes eagerly (`Model.decode_step`).
-    A decode loop with promotion calls `kv.rebalance()` between replays."""
+    """One decode step of `decoder` over `kv`, captured as a CUDA graph over static token /
+    position / logits buffers. With a tiered cache: while any segment is on disk, neither
+    capture nor replay (the graph has no fault check, so it could read a disk entry): `step`
+    then runs the step eagerly. A decode loop with promotion calls `kv.rebalance()` between
+    replays. Off CUDA (the Triton interpreter in tests) every step is eager."""
 
-    def __init__(self, model: Model, kv: KVCache, start_pos: int, mode: str = "sparse", warmup: int = 2):
-        self.tok = torch.zeros(1, dtype=torch.long, device="cuda")
-        self.pos = torch.tensor([start_pos], dtype=torch.int32, device="cuda")
+    def __init__(self, decoder: CudaDecoder, kv, start_pos: int, *, warmup: int = 2, graph: bool = True):
+        dev = decoder.device
+        self.decoder, self.kv = decoder, kv
+        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pos = torch.tensor([start_pos], dtype=torch.int32, device=dev)
+        self.logits = torch.empty(1, decoder.config.vocab, dtype=decoder.dtype, device=dev)
         self.start = start_pos
-        dense_len = start_pos + 1 if mode == "dense" else None
+        self.graph = None
         if kv.table is not None:  # tiered KV: the positions the replays append to are mapped on the GPU
             kv.prepare(start_pos, min(start_pos + 512, kv.capacity))
-            assert kv.evicted <= max(start_pos - model.r.window, kv.pin), "window moved off the GPU: ring too small"
-            self._refuse_disk(kv)
-        self.kv = kv
-        step = lambda: model.decode_step(self.tok, self.pos, kv, mode, dense_len)
+            assert kv.evicted <= max(start_pos - kv.settings.window, kv.pin), "window moved off the GPU: ring too small"
+        if not graph or dev.type != "cuda" or (kv.table is not None and kv.disk):
+            return
         with torch.inference_mode():
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
                 for _ in range(warmup):  # compiles kernels, sets up cuBLAS handles
-                    step()
+                    self._eager()
             torch.cuda.current_stream().wait_stream(s)
-            self.reset()
+            self.reset(start_pos)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                step()
-        self.reset()
+                self._eager()
+        self.reset(start_pos)
 
-    def reset(self) -> None:
-        self.pos.fill_(self.start)
-        self.tok.fill_(1)
+    def _eager(self) -> None:
+        self.decoder.decode_step(self.tok, self.pos, self.kv, self.logits)
 
-    @staticmethod
-    def _refuse_disk(kv) -> None:
-        if _on_disk(kv):
-            raise RuntimeError(f"{len(kv.disk)} KV segments on disk: decode eagerly (Model.decode_step)")
+    def reset(self, pos: int, tok: int = 1) -> None:
+        self.pos.fill_(pos)
+        self.tok.fill_(tok)
 
-    def replay(self) -> None:
-        self._refuse_disk(self.kv)
-        self.graph.replay()
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One token: the graph when it can run, else the same step eagerly."""
+        if self.graph is not None and not (self.kv.table is not None and self.kv.disk):
+            self.graph.replay()
+        else:
+            self._eager()

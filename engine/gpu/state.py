@@ -1,125 +1,192 @@
-"""A KVState (engine/attention.py) whose attention runs in the Triton kernels.
+"""KV states of the CUDA decoder (engine/gpu/model.py), and the one factory that picks them.
 
-Drop-in for `SparseKVState` when the model runs on CUDA (or anywhere under
-TRITON_INTERPRET=1): same settings, same routing rule (router.py: candidates are the blocks
-holding a key in [sink_tokens, c_end - window + 1), top_k of them per kv head, shared by a
-GQA group and by the queries of one routing chunk: `route_chunk` queries, the call's last
-`route_tail` on their own), same exact union of sinks, routed blocks and window.
+- `CudaKVState`: per-layer time-major K/V `[capacity, Hkv, D]` on the GPU (keys stored rotated
+  at their true positions), per-block min/max/mean key descriptors for routing and the fp32 key
+  sum of each layer's open block (decode's append continues it).
+- `tiering.TieredKVCache`: the same state for contexts whose KV does not fit beside the
+  weights (a GPU ring, pinned CPU memory, optionally disk).
 
-Keys are stored rotated at their true positions, so only the `true` position scheme is
-served here; `packed` / `inflm` rotate routed keys at remapped positions at attention time,
-which needs RoPE inside the attention kernel (not written yet): those settings raise.
+Both carry the engine settings they were built under (routing reads them per call) and the
+`num_tokens` / `truncate` / `export_segment` / `adopt` protocol the engine and the prefix cache
+use on every device (engine/attention.py has the CPU side).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...kernels.attention.naive import naive_block_descriptors
-from ...kernels.attention.triton_sparse import (
-    fused_attention,
-    fused_block_scores,
-    fused_sparse_attention,
-    fused_topk_blocks,
-)
-from ...kernels.rope.triton_rope import fused_rope
+from ...kernels.attention.triton_kvstore import NO_RING
 from ..config import ModelConfig
-from ..rope import Rope
-from ..router import routing_chunks
+from ..kv_cache import DTYPES, Segment
 from ..settings import EngineSettings
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Left free on the GPU beside the KV: prefill activations of a 4096-token chunk of an 8B model
+# (~1 GiB), cuBLAS workspaces, the CUDA graph's pool, the staging buffers of tiered prefill.
+RESERVE_BYTES = 6 * 2**30
 
 
-class TritonKVState:
-    """Per-layer time-major K/V [capacity, Hkv, D] on one device, descriptors per block."""
+class KVStateBase:
+    """What every CUDA KV state shares: settings, the token count, and prefix-cache segments."""
 
-    def __init__(self, config: ModelConfig, settings: EngineSettings | None = None, rope: Rope | None = None,
-                 *, capacity: int = 4096, device: torch.device | str = "cuda"):
-        self.config = config
-        self.settings = s = settings or EngineSettings()
-        if s.attention == "sparse" and s.positions != "true":
-            raise ValueError(f"the Triton KV state serves positions='true' only, not {s.positions!r}")
-        if s.block_size & (s.block_size - 1) or s.block_size < 16:
-            raise ValueError("the Triton kernels need block_size a power of two >= 16")
-        self.rope = rope if rope is not None else Rope(config)
-        self.device = torch.device(device)
-        self.dtype = _DTYPES[s.kv_dtype]
+    table = None  # no block table: logical block = physical block
+    disk: tuple | set = ()  # no segment on disk
+    usage = None  # no promotion counts
+    ring_arg = NO_RING  # every position at its own row
+    pin = 0
+    evicted = 0
+
+    def __init__(self, config: ModelConfig, settings: EngineSettings):
+        self.config, self.settings = config, settings
         self.num_tokens = 0
-        self._alloc(capacity)
+        self.decode_graph = None  # GraphedDecode bound to this state's buffers, made on first decode
+        # keys are rotated at true positions: not interchangeable with the CPU state's unrotated ones
+        self.layout = "rotated-true"
 
-    def _alloc(self, capacity: int) -> None:
-        c, b = self.config, self.settings.block_size
-        capacity = -(-capacity // b) * b
-        shape = (c.n_layers, capacity, c.n_kv_heads, c.head_dim)
-        old = getattr(self, "k", None)
-        self.k = torch.empty(shape, dtype=self.dtype, device=self.device)
-        self.v = torch.empty(shape, dtype=self.dtype, device=self.device)
-        nb = capacity // b
-        desc = (c.n_layers, nb, c.n_kv_heads, c.head_dim)
-        self.kmin, self.kmax, self.kmean = (torch.empty(desc, dtype=torch.float32, device=self.device)
-                                            for _ in range(3))
-        if old is not None:  # grow: keep what the old buffers hold (all layers, written or not)
-            n = old.shape[1]
-            self.k[:, :n], self.v[:, :n] = old, self._old_v
-            for name in ("kmin", "kmax", "kmean"):
-                getattr(self, name)[:, : self._old_desc[name].shape[1]] = self._old_desc[name]
-
-    def _reserve(self, n: int) -> None:
-        if n <= self.k.shape[1]:
-            return
-        self._old_v = self.v
-        self._old_desc = {name: getattr(self, name) for name in ("kmin", "kmax", "kmean")}
-        self._alloc(max(n, 2 * self.k.shape[1]))
-        del self._old_v, self._old_desc
-
-    # --- KVState -------------------------------------------------------------------------------
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
-        s = self.settings
-        t = q.shape[0]
-        c0 = self.num_tokens
-        n = c0 + t
-        self._reserve(n)
-        cos, sin = self.rope.cos_sin(positions)
-        q = fused_rope(q.contiguous(), cos, sin)
-        k = fused_rope(k.contiguous(), cos, sin)
-        self.k[layer, c0:n] = k
-        self.v[layer, c0:n] = v
-        b = s.block_size
-        first_b = c0 // b
-        kmin, kmax, kmean = naive_block_descriptors(self.k[layer, first_b * b: n], b)
-        nbt = kmin.shape[0]
-        self.kmin[layer, first_b: first_b + nbt] = kmin
-        self.kmax[layer, first_b: first_b + nbt] = kmax
-        self.kmean[layer, first_b: first_b + nbt] = kmean
-        keys, vals = self.k[layer, :n], self.v[layer, :n]
-        qq = q.to(keys.dtype)
-        if s.attention == "dense" or n <= s.dense_below:
-            out, _ = fused_attention(qq, keys, vals, c0)
-            return out.to(q.dtype)
-        nb = -(-n // b)
-        desc = (self.kmin[layer, :nb], self.kmax[layer, :nb], self.kmean[layer, :nb])
-        spans = routing_chunks(t, s)  # the reference state's routing chunks, tail included
-        head = t - s.route_tail if 0 < s.route_tail < t else t
-        parts = [fused_block_scores(qq[:head], *desc, s.block_score, chunk=s.route_chunk)]
-        if head < t:
-            parts.append(fused_block_scores(qq[head:], *desc, s.block_score, chunk=t - head))
-        scores = torch.cat(parts)
-        last = torch.tensor([c0 + e - 1 for _, e in spans], device=q.device)
-        outside = last - s.window + 1
-        end = torch.where(outside > s.sink_tokens, (outside + b - 1) // b, 0)[:, None, None]
-        idx = fused_topk_blocks(scores, s.top_k, s.sink_tokens // b, end)
-        out = torch.empty_like(q)
-        for ci, (a, e) in enumerate(spans):  # usually one or two: the prefill chunk and its tail
-            fused_sparse_attention(qq[a:e], keys, vals, c0 + a, idx[ci], b, s.sink_tokens, s.window, out=out[a:e])
-        return out
+    def host(self, layer: int):
+        return None
 
     def commit(self, n: int) -> None:
         self.num_tokens += n
 
     def truncate(self, n: int) -> None:
+        """Forget the tokens after the first n. The next prefill re-reads the open block's stored
+        keys for its descriptors (fused_store_kv_blocks), so nothing needs recomputing here."""
         if not 0 <= n <= self.num_tokens:
             raise ValueError(f"cannot truncate {self.num_tokens} tokens to {n}")
-        # the next write recomputes the descriptors of the block it lands in, from its start
+        if self.pin <= n < self.evicted:
+            raise ValueError(f"tokens from {n} already left the GPU (up to {self.evicted})")
         self.num_tokens = n
+
+    # --- rows ----------------------------------------------------------------------------------
+    def _row(self, p: int) -> int:
+        return p
+
+    def prepare(self, start: int, end: int) -> None:
+        """Make positions start..end-1 writable (a no-op where every position has its own row)."""
+
+    # --- prefix-cache segments -----------------------------------------------------------------
+    def export_segment(self, i: int) -> Segment:
+        """A CPU copy of segment i (K/V [L, S, Hkv, D] as stored, fp32 descriptors), for the
+        prefix cache to keep and write to disk."""
+        size, b = self.settings.segment_size, self.settings.block_size
+        a = i * size
+        if a + size > self.num_tokens:
+            raise ValueError(f"segment {i} is not full")
+        if self.pin <= a < self.evicted:
+            raise ValueError(f"segment {i} is no longer on the GPU")
+        r = self._row(a)
+        nb0, nb1 = a // b, (a + size) // b
+        return Segment(start=a, size=size, length=size, k=self.k[:, r:r + size].cpu(), v=self.v[:, r:r + size].cpu(),
+                       kmin=self.kmin[:, nb0:nb1].float().cpu(), kmax=self.kmax[:, nb0:nb1].float().cpu(),
+                       kmean=self.kmean[:, nb0:nb1].float().cpu())
+
+    def adopt(self, segments: list[Segment]) -> None:
+        """Start this (empty) state with the prefix `segments` (consecutive, from 0)."""
+        if self.num_tokens:
+            raise ValueError("adopt needs an empty state")
+        size, b = self.settings.segment_size, self.settings.block_size
+        for i, seg in enumerate(segments):
+            if seg.start != i * size or seg.length != size:
+                raise ValueError("segments must be full and consecutive from 0")
+            k, v = seg.k, seg.v
+            if k is None:  # on disk only (the prefix cache read its descriptors)
+                from safetensors import safe_open
+
+                with safe_open(str(seg.disk_path), framework="pt", device=str(self.k.device)) as f:
+                    k, v = f.get_tensor("k"), f.get_tensor("v")
+            a = seg.start
+            self.prepare(a, a + size)
+            r = self._row(a)
+            self.k[:, r:r + size].copy_(k, non_blocking=True)
+            self.v[:, r:r + size].copy_(v, non_blocking=True)
+            nb0, nb1 = a // b, (a + size) // b
+            for name in ("kmin", "kmax", "kmean"):
+                getattr(self, name)[:, nb0:nb1].copy_(getattr(seg, name), non_blocking=True)
+            self.num_tokens = a + size
+
+
+class CudaKVState(KVStateBase):
+    def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, *,
+                 device: torch.device | str = "cuda", layout: str = "time"):
+        super().__init__(config, settings)
+        c, b = config, settings.block_size
+        self.device = torch.device(device)
+        self.dtype = DTYPES[settings.kv_dtype]
+        self.kv_layout = layout
+        capacity = -(-capacity // b) * b
+        if layout == "time":
+            dims = (c.n_layers, capacity, c.n_kv_heads, c.head_dim)
+        else:  # "head": [L, Hkv, N, D], what SDPA wants for the dense baseline
+            dims = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
+        self.k = torch.empty(dims, dtype=self.dtype, device=self.device)
+        self.v = torch.empty(dims, dtype=self.dtype, device=self.device)
+        nb = capacity // b
+        # bf16 descriptors (tensor-core scoring) unless the cache itself is fp32 (CPU checks)
+        self.desc_dtype = torch.float32 if self.dtype == torch.float32 else torch.bfloat16
+        self.kmin = torch.empty(c.n_layers, nb, c.n_kv_heads, c.head_dim, dtype=self.desc_dtype, device=self.device)
+        self.kmax = torch.empty_like(self.kmin)
+        self.kmean = torch.empty_like(self.kmin)
+        self.ksum = torch.zeros(c.n_layers, c.n_kv_heads, c.head_dim, dtype=torch.float32, device=self.device)
+        self.sdpa_len = 0  # the SDPA baseline's decode context (bench)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1] if self.kv_layout == "time" else self.k.shape[2]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.kmin, self.kmax, self.kmean))
+
+    def reserve(self, n: int) -> None:
+        """Room for n tokens: grows (by doubling) with what is stored kept. A captured decode
+        graph points at the old buffers, so it is dropped."""
+        if n <= self.capacity:
+            return
+        if self.kv_layout != "time":
+            raise ValueError("the SDPA baseline's cache has a fixed capacity")
+        b = self.settings.block_size
+        cap = -(-max(n, 2 * self.capacity) // b) * b
+        old = (self.k, self.v, self.kmin, self.kmax, self.kmean)
+        c = self.config
+        self.k = torch.empty(c.n_layers, cap, c.n_kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
+        self.v = torch.empty_like(self.k)
+        self.kmin, self.kmax, self.kmean = (torch.empty(c.n_layers, cap // b, c.n_kv_heads, c.head_dim,
+                                                        dtype=self.desc_dtype, device=self.device) for _ in range(3))
+        m = self.num_tokens
+        self.k[:, :m], self.v[:, :m] = old[0][:, :m], old[1][:, :m]
+        nb = -(-m // b)
+        for new, prev in zip((self.kmin, self.kmax, self.kmean), old[2:]):
+            new[:, :nb] = prev[:, :nb]
+        self.decode_graph = None
+
+
+def kv_bytes_per_token(config: ModelConfig, settings: EngineSettings) -> int:
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * DTYPES[settings.kv_dtype].itemsize
+
+
+def new_cuda_state(config: ModelConfig, settings: EngineSettings, capacity: int, device: torch.device, *,
+                   gpu_kv_bytes: int | None = None, disk_dir: str | None = None, hot_segments: int = 0):
+    """A `CudaKVState` when `capacity` tokens of KV fit in the GPU's free memory (less
+    RESERVE_BYTES, or `gpu_kv_bytes` if given), else a `TieredKVCache` whose GPU ring takes what
+    fits and pinned CPU memory the rest."""
+    per_tok = kv_bytes_per_token(config, settings)
+    b = settings.block_size
+    desc_per_tok = 3 * config.n_layers * config.n_kv_heads * config.head_dim * 2 / b
+    if gpu_kv_bytes is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            gpu_kv_bytes = max(0, free - RESERVE_BYTES)
+        else:
+            gpu_kv_bytes = 1 << 62  # the Triton interpreter on CPU tensors (tests)
+    if capacity * (per_tok + desc_per_tok) <= gpu_kv_bytes:
+        return CudaKVState(config, settings, capacity, device=device)
+    from .tiering import TieredKVCache
+
+    gpu_tokens = int((gpu_kv_bytes - capacity * desc_per_tok) // per_tok)
+    seg = settings.segment_size
+    # the ring must hold a prefill chunk and the window before it, plus the segment in flight
+    need = seg + -(-(settings.chunk_size + settings.window) // seg) * seg + seg
+    if gpu_tokens < need:
+        raise RuntimeError(f"GPU memory for {gpu_tokens} tokens of KV is below the {need} a {capacity}-token "
+                           "context needs on the GPU at once (window + prefill chunk)")
+    return TieredKVCache(config, settings, capacity, gpu_tokens, dtype=DTYPES[settings.kv_dtype], device=device,
+                         disk_dir=disk_dir, hot_segments=hot_segments)

@@ -1,14 +1,8 @@
-"""KV segments in three tiers: GPU memory, pinned CPU memory, disk — with LRU movement.
+"""A KV state for contexts whose KV does not fit on the GPU: a GPU ring, pinned CPU memory, disk.
 
-A segment is the K/V (all layers) of `segment_size` consecutive tokens, one fixed-shape
-tensor. The GPU and CPU tiers are preallocated slot pools; disk holds one raw file per
-segment. Host<->device copies run on a side stream, so a prefetch overlaps the decode that
-runs on the main stream; a caller that needs a segment waits on that segment's event
-(`wait`), never on the whole stream.
-
-Placement policy: `fetch` brings a segment to the GPU, evicting the least recently used
-GPU segment to CPU (and the least recently used CPU segment to disk when the CPU pool is
-full). Pinned slots are reused; nothing is allocated per move.
+`CudaKVState` (state.py) keeps every position at its own GPU row; `TieredKVCache` is the same
+state with the oldest segments moved off the GPU. `engine/gpu/state.py` `new_cuda_state` picks
+the tiered one when the context's KV does not fit beside the weights.
 """
 
 from __future__ import annotations
@@ -17,156 +11,19 @@ import contextlib
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import torch
 
-
-@dataclass
-class _Where:
-    tier: str  # "gpu", "cpu" or "disk"
-    slot: int = -1
-    ready: torch.cuda.Event | None = field(default=None, repr=False)
-
-
-class SegmentTiers:
-    def __init__(self, seg_shape: tuple[int, ...], dtype: torch.dtype, gpu_slots: int, cpu_slots: int,
-                 disk_dir: str | None = None, device: str = "cuda"):
-        if gpu_slots < 1 or cpu_slots < 0:
-            raise ValueError("need at least one GPU slot")
-        self.seg_shape, self.dtype, self.device = seg_shape, dtype, torch.device(device)
-        self.gpu = torch.empty((gpu_slots, *seg_shape), dtype=dtype, device=self.device)
-        pin = self.device.type == "cuda"
-        self.cpu = torch.empty((cpu_slots, *seg_shape), dtype=dtype, pin_memory=pin)
-        self.disk_dir = disk_dir
-        self.stream = torch.cuda.Stream(self.device) if pin else None
-        self.where: dict[int, _Where] = {}
-        self._lru = {"gpu": OrderedDict(), "cpu": OrderedDict()}  # seg id -> None, oldest first
-        self._free = {"gpu": list(range(gpu_slots))[::-1], "cpu": list(range(cpu_slots))[::-1]}
-        self.moves = {"h2d": 0, "d2h": 0, "to_disk": 0, "from_disk": 0}
-
-    # --- bookkeeping ------------------------------------------------------------------------
-    def tier(self, seg: int) -> str:
-        return self.where[seg].tier
-
-    def _take_slot(self, tier: str) -> int:
-        if not self._free[tier]:
-            victim, _ = self._lru[tier].popitem(last=False)
-            self._demote(victim)
-        return self._free[tier].pop()
-
-    def _place(self, seg: int, tier: str, slot: int = -1, ready=None) -> None:
-        self.where[seg] = _Where(tier, slot, ready)
-        if tier in self._lru:
-            self._lru[tier][seg] = None
-
-    def _release(self, seg: int) -> None:
-        w = self.where[seg]
-        if w.tier in self._lru:
-            self._lru[w.tier].pop(seg, None)
-            self._free[w.tier].append(w.slot)
-
-    def _path(self, seg: int) -> str:
-        if self.disk_dir is None:
-            raise RuntimeError("CPU tier full and no disk tier configured")
-        return os.path.join(self.disk_dir, f"seg{seg}.bin")
-
-    # --- moves --------------------------------------------------------------------------------
-    def _copy(self, dst: torch.Tensor, src: torch.Tensor, after: torch.cuda.Event | None):
-        if self.stream is None:
-            dst.copy_(src)
-            return None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # src was written there
-        with torch.cuda.stream(self.stream):
-            if after is not None:
-                self.stream.wait_event(after)
-            dst.copy_(src, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        return ev
-
-    def _demote(self, seg: int) -> None:
-        """One tier down: GPU -> CPU (-> disk when the CPU pool is full), CPU -> disk."""
-        w = self.where[seg]
-        if w.tier == "gpu":
-            if self.cpu.shape[0] == 0:
-                self._to_disk(seg, self.gpu[w.slot])
-                return
-            slot = self._take_slot("cpu")
-            ev = self._copy(self.cpu[slot], self.gpu[w.slot], w.ready)
-            self.moves["d2h"] += 1
-            self._release(seg)
-            self._place(seg, "cpu", slot, ev)
-        elif w.tier == "cpu":
-            self._to_disk(seg, self.cpu[w.slot])
-
-    def _to_disk(self, seg: int, src: torch.Tensor) -> None:
-        w = self.where[seg]
-        if w.ready is not None:
-            w.ready.synchronize()
-        host = src.cpu() if src.is_cuda else src
-        host.view(torch.uint8).numpy().tofile(self._path(seg))
-        self.moves["to_disk"] += 1
-        self._release(seg)
-        self._place(seg, "disk")
-
-    def put(self, seg: int, data: torch.Tensor) -> None:
-        """Store a new segment (any device) on the GPU tier."""
-        if seg in self.where:
-            self._release(seg)
-        slot = self._take_slot("gpu")
-        self.gpu[slot].copy_(data)
-        self._place(seg, "gpu", slot)
-
-    def fetch(self, seg: int) -> torch.Tensor:
-        """Start bringing `seg` to the GPU (async from pinned memory); returns its GPU slot view.
-        Call `wait(seg)` before a kernel on the current stream reads it."""
-        w = self.where[seg]
-        if w.tier == "gpu":
-            self._lru["gpu"].move_to_end(seg)
-            return self.gpu[w.slot]
-        if w.tier == "disk":
-            self._from_disk(seg)
-            w = self.where[seg]
-        slot = self._take_slot("gpu")
-        ev = self._copy(self.gpu[slot], self.cpu[w.slot], w.ready)
-        self.moves["h2d"] += 1
-        self._release(seg)
-        self._place(seg, "gpu", slot, ev)
-        return self.gpu[slot]
-
-    def _from_disk(self, seg: int) -> None:
-        raw = torch.from_file(self._path(seg), size=self.cpu[0].numel() * self.cpu.element_size(), dtype=torch.uint8)
-        slot = self._take_slot("cpu")
-        self.cpu[slot].view(torch.uint8).view(-1).copy_(raw)
-        os.remove(self._path(seg))
-        self.moves["from_disk"] += 1
-        self._place(seg, "cpu", slot)
-
-    def wait(self, seg: int) -> None:
-        w = self.where[seg]
-        if w.ready is not None and self.stream is not None:
-            torch.cuda.current_stream(self.device).wait_event(w.ready)
-
-    def get(self, seg: int) -> torch.Tensor:
-        """The segment's data as a tensor on whatever tier holds it (CPU copy for disk)."""
-        w = self.where[seg]
-        if w.ready is not None:
-            w.ready.synchronize()
-        if w.tier == "gpu":
-            return self.gpu[w.slot]
-        if w.tier == "cpu":
-            return self.cpu[w.slot]
-        raw = torch.from_file(self._path(seg), size=self.cpu[0].numel() * self.cpu.element_size(), dtype=torch.uint8)
-        return raw.view(self.dtype).view(self.seg_shape)
-
+from ..config import ModelConfig
+from ..settings import EngineSettings
+from .state import KVStateBase
 
 ON_DISK = -(1 << 31)  # table entry of a block whose segment is only on disk (see TieredKVCache)
 UNMAPPED = -(1 << 30)  # table entry of a block not written yet (its keys are masked: never loaded)
 
 
-class TieredKVCache:
-    """The bench model's KV cache (engine/gpu/model.py `KVCache`'s interface) for contexts whose
+class TieredKVCache(KVStateBase):
+    """The CUDA decoder's KV state (state.py `CudaKVState`'s interface) for contexts whose
     KV does not fit beside the weights: GPU memory holds what it can, pinned CPU memory the
     rest, and optionally a disk directory what the CPU pool cannot.
 
@@ -204,10 +61,12 @@ class TieredKVCache:
     evicting that segment again writes nothing.
     """
 
-    def __init__(self, shape, capacity: int, gpu_tokens: int, *, dtype=torch.bfloat16, block: int = 64,
-                 segment: int = 2048, device="cuda", host_segments: int | None = None, disk_dir: str | None = None,
+    def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, gpu_tokens: int, *,
+                 dtype=torch.bfloat16, device="cuda", host_segments: int | None = None, disk_dir: str | None = None,
                  hot_segments: int = 0, track_use: bool | None = None, decay: float = 0.5, max_promote: int = 2):
-        s = self.shape = shape
+        super().__init__(config, settings)
+        c = config
+        block, segment = settings.block_size, settings.segment_size
         self.block, self.segment, self.dtype = block, segment, dtype
         self.device = torch.device(device)
         if segment % block or segment < block:
@@ -221,7 +80,7 @@ class TieredKVCache:
         self.ring = ring
         self.hot_row0 = self.pin + ring  # hot slot g: rows hot_row0 + g * segment ..
         rows = self.pin + ring + hot_segments * segment
-        self.k = torch.empty(s.layers, rows, s.kv_heads, s.head_dim, dtype=dtype, device=self.device)
+        self.k = torch.empty(c.n_layers, rows, c.n_kv_heads, c.head_dim, dtype=dtype, device=self.device)
         self.v = torch.empty_like(self.k)
         self.n_seg = capacity // segment
         leaving = max(self.n_seg - (self.pin + ring) // segment, 1)  # segments that can leave the ring
@@ -230,15 +89,15 @@ class TieredKVCache:
             raise ValueError("a capped host pool needs a disk_dir")
         pin_mem = self.device.type == "cuda"
         host_rows = self.host_slots * segment
-        self.hk = torch.empty(s.layers, host_rows, s.kv_heads, s.head_dim, dtype=dtype, pin_memory=pin_mem)
-        self.hv = torch.empty(s.layers, host_rows, s.kv_heads, s.head_dim, dtype=dtype, pin_memory=pin_mem)
+        self.hk = torch.empty(c.n_layers, host_rows, c.n_kv_heads, c.head_dim, dtype=dtype, pin_memory=pin_mem)
+        self.hv = torch.empty(c.n_layers, host_rows, c.n_kv_heads, c.head_dim, dtype=dtype, pin_memory=pin_mem)
         nb = capacity // block
         self.sb = segment // block  # blocks per segment
         self.desc_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
-        self.kmin = torch.empty(s.layers, nb, s.kv_heads, s.head_dim, dtype=self.desc_dtype, device=self.device)
+        self.kmin = torch.empty(c.n_layers, nb, c.n_kv_heads, c.head_dim, dtype=self.desc_dtype, device=self.device)
         self.kmax = torch.empty_like(self.kmin)
         self.kmean = torch.empty_like(self.kmin)
-        self.ksum = torch.zeros(s.layers, s.kv_heads, s.head_dim, dtype=torch.float32, device=self.device)
+        self.ksum = torch.zeros(c.n_layers, c.n_kv_heads, c.head_dim, dtype=torch.float32, device=self.device)
         self.table = torch.full((nb,), UNMAPPED, dtype=torch.int32, device=self.device)
         self._seg_blocks = torch.arange(self.sb, dtype=torch.int32, device=self.device)
         self.mapped = 0  # positions < mapped have table entries
@@ -265,7 +124,7 @@ class TieredKVCache:
         self._use_ev = None
         self._ones: dict[int, torch.Tensor] = {}
         self.decay, self.max_promote = decay, max_promote
-        self.seg_bytes = 2 * s.layers * segment * s.kv_heads * s.head_dim * self.k.element_size()
+        self.seg_bytes = 2 * c.n_layers * segment * c.n_kv_heads * c.head_dim * self.k.element_size()
         self.moves = {"segments_to_host": 0, "bytes_to_host": 0, "segments_to_disk": 0, "segments_to_disk_clean": 0,
                       "segments_from_disk": 0, "bytes_disk_io": 0, "disk_write_s": 0.0, "disk_read_s": 0.0,
                       "fault_checks": 0, "promotions": 0, "hot_evictions": 0}
@@ -280,8 +139,8 @@ class TieredKVCache:
 
     def staging_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.staging is None or self.staging[0].shape[0] < rows:
-            s = self.shape
-            self.staging = tuple(torch.empty(rows, s.kv_heads, s.head_dim, dtype=self.dtype, device=self.device)
+            c = self.config
+            self.staging = tuple(torch.empty(rows, c.n_kv_heads, c.head_dim, dtype=self.dtype, device=self.device)
                                  for _ in range(2))
         return self.staging
 
@@ -342,7 +201,7 @@ class TieredKVCache:
             self.host_slot[seg] = slot
             r, h = self._row(a), slot * self.segment
             with self._side():
-                for layer in range(self.shape.layers):
+                for layer in range(self.config.n_layers):
                     self.hk[layer, h: h + self.segment].copy_(self.k[layer, r: r + self.segment], non_blocking=True)
                     self.hv[layer, h: h + self.segment].copy_(self.v[layer, r: r + self.segment], non_blocking=True)
                 ev = self._record()
@@ -413,7 +272,7 @@ class TieredKVCache:
         """The slot's data as numpy uint8 views, K layers then V layers: the file's layout."""
         a, b = slot * self.segment, (slot + 1) * self.segment
         for pool in (self.hk, self.hv):
-            for layer in range(self.shape.layers):
+            for layer in range(self.config.n_layers):
                 yield pool[layer, a:b].view(torch.uint8).numpy()
 
     def _to_disk(self, seg: int) -> None:
@@ -556,7 +415,7 @@ class TieredKVCache:
         # after the side stream waits for the main one: launches that read the slot's previous
         # segment are done before it is overwritten
         with self._side():
-            for layer in range(self.shape.layers):
+            for layer in range(self.config.n_layers):
                 self.k[layer, r: r + self.segment].copy_(self.hk[layer, h: h + self.segment], non_blocking=True)
                 self.v[layer, r: r + self.segment].copy_(self.hv[layer, h: h + self.segment], non_blocking=True)
             ev = self._record()

@@ -770,7 +770,11 @@ def fused_sparse_attention(
     if t == 0:
         return out, lse
     rows = t * g
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else (64 if rows < 4096 else PREFILL_BLOCK_M))
+    # Tiles from the shape: 128-row query tiles only for long bf16/fp16 chunks. A 128-row tile of
+    # fp32 queries at D=128 with three stages of fp32 K/V tiles needs 288 KiB of shared memory
+    # (the H200 has 227 KiB per block): fp32 caches take 64-row tiles and two stages.
+    wide = k.element_size() <= 2 or d <= 64
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else (PREFILL_BLOCK_M if rows >= 4096 and wide else 64))
     n_m = triton.cdiv(rows, block_m)
     if num_splits is None:
         num_splits = 1 if n_m * hkv >= 64 else max(1, min(MAX_SPLITS, DECODE_PROGRAMS // (n_m * hkv)))
@@ -810,7 +814,7 @@ def fused_sparse_attention(
                 hk.stride(0), hk.stride(1), BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), num_warps=4)
             host_mode, far_k, far_v = 2, _far_offset(k, sk), _far_offset(v, sv)
     if num_splits == 1 and host_mode != 1 and PREFILL_LOOPS:
-        launch = dict(PREFILL_LAUNCH) if rows >= 4096 else {"num_warps": 4, "num_stages": 2}
+        launch = dict(PREFILL_LAUNCH) if block_m == PREFILL_BLOCK_M else {"num_warps": 4, "num_stages": 2}
         _sparse_prefill_attn_kernel[(n_m, hkv)](
             q, k, v, block_idx, table, out, lse, qoff_t,
             t, g, block_idx.shape[2], qoff_int, sink_tokens, window, scale * LOG2E,

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root (a checkout carried there with .whl and .gpu):
+# install the carried wheels, run the GPU tests, then bench/gpu.py with the arguments given.
+# TESTS=0 skips the tests. Results go to $OUT (the device tool's output folder) when set.
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+mkdir -p /tmp/p && ln -sfn "$PWD" /tmp/p/docqa
+export PYTHONPATH=/tmp/p:/tmp/site PYTHONUNBUFFERED=1
+rc=0
+if [ "${TESTS:-1}" != 0 ]; then
+  python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda_engine.py tests/test_triton_kernels.py 2>&1 | tee "$OUT/tests.log" || rc=1
+fi
+if [ $# -gt 0 ]; then
+  python3 bench/gpu.py "$@" 2>&1 | tee "$OUT/gpu.log" || rc=1
+fi
+exit $rc
