@@ -51,6 +51,10 @@ def say(*a):
 
 def stage(name: str, fn, *a, **k):
     say(f"== {name}")
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
     t0 = time.time()
     try:
         out = fn(*a, **k)
@@ -321,6 +325,10 @@ def main():
         if a.hf:
             r["hf"] = stage(f"{arch}: HF transformers", hf_reference, ckpt, [c for c in contexts if c <= 131072])
         shutil.rmtree(ckpt, ignore_errors=True)
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
         if a.json:
             Path(a.json).write_text(json.dumps(RESULTS, indent=1, default=str))
     if a.json:

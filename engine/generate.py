@@ -410,10 +410,11 @@ def context_benchmark(engine: Engine, context: int, question_tokens: int = 64, d
     doc = bench_prompt(engine.tokenizer, context)
     question = (one * (question_tokens // len(one) + 1))[:question_tokens]
     cap = context + question_tokens + decode_tokens + 2 * GREEDY_SYNC_EVERY
-    warm = min(context, 8192)  # compiles the kernels outside the timings
-    engine.generate(doc[:warm], 4, state=engine.new_state(warm + 64, settings), stop_ids=())
-    _sync(engine)
     state = engine.new_state(cap, settings)
+    # compile the kernels outside the timings, on this very state (a tiered one has its own variants)
+    engine.generate(doc[:min(context, 8192)], 4, state=state, stop_ids=())
+    state.truncate(0)
+    _sync(engine)
     if engine.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(engine.device)
     t0 = time.perf_counter()
@@ -431,7 +432,19 @@ def context_benchmark(engine: Engine, context: int, question_tokens: int = 64, d
     engine.generate(question, 2 * GREEDY_SYNC_EVERY, state=state, stop_ids=())  # captures the decode graph
     state.truncate(context)
     res = engine.generate(question, decode_tokens, state=state, stop_ids=())
+    graph_ms = None
+    if state.decode_graph is not None and state.decode_graph.graph is not None:
+        # the captured step alone, replayed back to back: what the decode loop adds is the rest
+        g = state.decode_graph
+        g.reset(context + question_tokens, 1)
+        _sync(engine)
+        t0 = time.perf_counter()
+        for _ in range(32):
+            g.step()
+        _sync(engine)
+        graph_ms = (time.perf_counter() - t0) / 32 * 1e3
     out = {"context": context, "prefill_s": prefill_s, "prefill_tok_s": context / prefill_s,
+           "decode_graph_ms": graph_ms,
            "first_token_s": min(firsts), "decode_ms": res.decode_s / max(len(res.token_ids) - 1, 1) * 1e3,
            "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
            "state": type(state).__name__, "settings": {k: getattr(settings, k) for k in

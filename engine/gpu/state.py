@@ -13,6 +13,8 @@ use on every device (engine/attention.py has the CPU side).
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from ...kernels.attention.triton_kvstore import NO_RING
@@ -173,6 +175,9 @@ def new_cuda_state(config: ModelConfig, settings: EngineSettings, capacity: int,
     desc_per_tok = 3 * config.n_layers * config.n_kv_heads * config.head_dim * 2 / b
     if gpu_kv_bytes is None:
         if device.type == "cuda":
+            # states of earlier calls may still be held by reference cycles (state <-> decode graph)
+            gc.collect()
+            torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(device)
             gpu_kv_bytes = max(0, free - RESERVE_BYTES)
         else:
