@@ -166,11 +166,18 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_w
 
     decode_weights: "fp32" (none), "bf16", "q4" or "auto" — decode-only weight copies, see
     engine/decode_weights.py; they apply to fp32 models only."""
+    from .config import GLM_ARCHS
     from .decode_weights import attach, resolve_mode
     from .models.llama import LlamaModel
 
     mode = resolve_mode(decode_weights)
     ckpt = open_checkpoint(path)
+    if ckpt.config.arch in GLM_ARCHS:
+        from .models.glm import GlmModel
+
+        model = GlmModel(ckpt.config)
+        model.load_weights(ckpt.tensors(), dtype=dtype)
+        return model.eval(), ckpt
     model = LlamaModel(ckpt.config)
     model.load_weights(ckpt.tensors(), dtype=dtype)
     model.eval()

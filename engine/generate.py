@@ -103,13 +103,17 @@ class Engine:
 
     def new_state(self, capacity: int = 1024) -> DenseKVState:
         dtype = self.model.embed_tokens.weight.dtype
+        if hasattr(self.model, "new_state"):  # GLM: MLA latents or partial-RoPE dense K/V
+            return self.model.new_state(capacity, dtype=dtype, device=self.device)
         return DenseKVState(self.config, self.rope, capacity=capacity, dtype=dtype, device=self.device)
 
     def new_sparse_state(self, settings: EngineSettings | None = None) -> KVState:
         """The sparse three-layer state on the engine's device: the Triton kernels on CUDA where
         they serve the settings (true positions, per-head routing), else the PyTorch reference state."""
         settings = settings or EngineSettings()
-        triton_serves = settings.positions == "true" and not settings.route_shared
+        if self.config.dsa is not None:  # GLM-5 routes with its own indexer (engine/mla_state.py)
+            return self.model.new_state(dtype=self.model.embed_tokens.weight.dtype, device=self.device)
+        triton_serves = settings.positions == "true" and not settings.route_shared and self.rope.plain
         if self.device.type == "cuda" and triton_serves and has_triton():
             from .gpu.state import TritonKVState
 

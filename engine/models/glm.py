@@ -1,0 +1,140 @@
+"""GLM decoders: GLM-4 (`glm4`, dense), GLM-4.5/4.6 (`glm4_moe`), GLM-4.7-Flash
+(`glm4_moe_lite`: MLA + MoE) and GLM-5 (`glm_moe_dsa`: MLA + DSA + MoE).
+
+One model class, parts chosen by the config: GQA attention through the engine's KV states
+(partial / interleaved RoPE is the state's `Rope`, engine/rope.py) or MLA through
+`MLAKVState`; a dense SwiGLU MLP or the MoE (engine/models/moe.py); GLM-4's extra norms after
+attention and MLP. Batch 1, tokens as a flat [T] sequence, the same forward signature as
+`LlamaModel` so `Engine.generate` drives both.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..dense import DenseKVState
+from ..mla_state import MLAKVState
+from ..rope import Rope
+from .llama import Attention, LlamaModel, RMSNorm
+from .mla import MLAttention
+from .moe import DenseMLP, MoE
+
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_EXPERT_RE = re.compile(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.mla = config.mla is not None
+        self.input_layernorm = RMSNorm(config.hidden, config.rms_eps)
+        self.self_attn = MLAttention(config, layer) if self.mla else Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden, config.rms_eps)
+        sparse = config.moe is not None and config.moe.layer_types[layer] == "sparse"
+        self.mlp = MoE(config) if sparse else DenseMLP(config.hidden, config.intermediate)
+        if config.post_norms:
+            self.post_self_attn_layernorm = RMSNorm(config.hidden, config.rms_eps)
+            self.post_mlp_layernorm = RMSNorm(config.hidden, config.rms_eps)
+        self.post_norms = config.post_norms
+
+    def forward(self, x, state, positions, indices=None):
+        h = self.input_layernorm(x)
+        if self.mla:
+            h, indices = self.self_attn(h, state, positions, indices)
+        else:
+            h = self.self_attn(h, state, positions)
+        if self.post_norms:
+            h = self.post_self_attn_layernorm(h)
+        x = x + h
+        h = self.mlp(self.post_attention_layernorm(x))
+        if self.post_norms:
+            h = self.post_mlp_layernorm(h)
+        return x + h, indices
+
+
+class GlmModel(nn.Module):
+    """Parameter names follow Hugging Face's without the `model.` prefix; routed experts are
+    stacked per layer (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj`)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding.from_pretrained(torch.empty(0, config.hidden))
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.hidden, config.rms_eps)
+        from .llama import Linear
+
+        self.lm_head = Linear(config.hidden, config.vocab)
+        self.rope = Rope(config)
+        self.decode_weights = {"mode": "fp32", "bytes": 0}  # no decode-only copies for GLM yet
+        self.mtp_weights: dict[str, torch.Tensor] = {}  # layers past n_layers (engine/models/mtp.py)
+
+    def new_state(self, capacity: int = 1024, *, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str = "cpu"):
+        """The KV state this architecture attends through (MLA latents, or dense K/V)."""
+        cls = MLAKVState if self.config.mla is not None else DenseKVState
+        return cls(self.config, self.rope, capacity=capacity, dtype=dtype, device=device)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, state, *, last_only: bool = False,
+                chunk_size: int = 1024, argmax_only: bool = False, on_chunk=None,
+                return_hidden: bool = False):
+        """As `LlamaModel.forward`; return_hidden also returns the final hidden states (before
+        the output norm) of the rows whose logits are returned, for MTP drafting."""
+        input_ids = input_ids.reshape(-1)
+        outs, hiddens = [], []
+        for start in range(0, input_ids.shape[0], chunk_size):
+            hidden = self._forward_chunk(input_ids[start:start + chunk_size], state)
+            if on_chunk is not None:
+                on_chunk(min(start + chunk_size, input_ids.shape[0]), input_ids.shape[0])
+            if last_only and start + chunk_size < input_ids.shape[0]:
+                continue
+            if last_only:
+                hidden = hidden[-1:]
+            hiddens.append(hidden)
+            outs.append(self.lm_head(self.norm(hidden)))
+        logits = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if return_hidden:
+            return logits, (hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens))
+        return logits
+
+    def _forward_chunk(self, ids: torch.Tensor, state) -> torch.Tensor:
+        t = ids.shape[0]
+        positions = torch.arange(state.num_tokens, state.num_tokens + t, device=ids.device)
+        x = self.embed_tokens(ids)
+        indices = None
+        for block in self.layers:
+            x, indices = block(x, state, positions, indices)
+        state.commit(t)
+        return x
+
+    def load_weights(self, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
+        """HF-named tensors -> parameters: per-expert matrices are stacked, GLM-4's fused
+        gate_up_proj split, MTP layers (index >= n_layers) kept aside in `mtp_weights`."""
+        n = self.config.n_layers
+        main: dict[str, torch.Tensor] = {}
+        experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+        for name, t in weights.items():
+            m = _LAYER_RE.fullmatch(name)
+            if m and int(m.group(1)) >= n:
+                self.mtp_weights[name] = t
+                continue
+            e = _EXPERT_RE.fullmatch(name)
+            if e:
+                experts.setdefault(e.group(1), {}).setdefault(int(e.group(2)), {})[e.group(3)] = t
+            elif m and m.group(2) == "mlp.gate_up_proj.weight":
+                gate, up = t.chunk(2, dim=0)
+                prefix = name.removesuffix("gate_up_proj.weight")
+                main[prefix + "gate_proj.weight"], main[prefix + "up_proj.weight"] = gate, up
+            else:
+                main[name] = t
+        for prefix, per in experts.items():
+            ids = sorted(per)
+            main[prefix + ".gate_up_proj"] = torch.stack(
+                [torch.cat((per[i]["gate"], per[i]["up"])) for i in ids])
+            main[prefix + ".down_proj"] = torch.stack([per[i]["down"] for i in ids])
+        LlamaModel.load_weights(self, main, dtype=dtype)
