@@ -12,7 +12,7 @@ every stored token for each query with the lightning indexer and returns the top
 indices, which the "full" layer and the "shared" layers after it attend to (IndexShare).
 
 Positions are true positions (no remapping): RoPE is applied once, when a token is stored.
-Buffers grow by doubling; `truncate` forgets a suffix (to reuse a cached prefix).
+Storage is the engine's segmented, tiered cache; `truncate` forgets a suffix.
 
 Shapes (batch 1): attend q [T, H, R + rope] (rope part before RoPE), latent [T, R + rope]
 (rope part before RoPE) -> [T, H, R]; select q [T, Hi, Di], k [T, Di], weights [T, Hi] ->
@@ -24,43 +24,44 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pathlib import Path
+
 from .config import ModelConfig
+from .kv_cache import DTYPES, SegmentedKVCache
 from .rope import Rope
+from .settings import EngineSettings
 
 
 class MLAKVState:
-    def __init__(self, config: ModelConfig, rope: Rope | None = None, *, capacity: int = 1024,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    """KVState (see attention.py) for MLA/DSA models over a SegmentedKVCache (kv_cache.py):
+    the cache's "keys" are the latents [L, S, 1, R + rope], its "values" the indexer keys
+    [L, S, 1, Di] (zeros in shared layers, which have no indexer). So the latents and the index
+    live in the same segments, tiers and prefix-cache files as the other states' K/V: a
+    PrefixCache adopts and saves `state.cache.segments` alike. Descriptors are not used (one
+    block per segment keeps them negligible)."""
+
+    def __init__(self, config: ModelConfig, rope: Rope | None = None, *,
+                 settings: EngineSettings | None = None, dtype: torch.dtype | None = None,
+                 device: torch.device | str = "cpu", capacity: int | None = None,
+                 spill_dir: str | Path | None = None, host_segments: int = 0):
+        """capacity is accepted for symmetry with DenseKVState; segments grow as needed."""
         assert config.mla is not None, "MLAKVState needs an MLA model"
         self.config = config
+        self.settings = settings or EngineSettings()
         self.rope = rope if rope is not None else Rope(config)
         self.r = config.mla.kv_lora_rank
-        self.num_tokens = 0
-        self.dtype, self.device = dtype, torch.device(device)
-        width = self.r + config.mla.qk_rope_head_dim
-        self.latent = torch.empty(config.n_layers, capacity, width, dtype=dtype, device=self.device)
-        self.index_keys: dict[int, torch.Tensor] = {}
-        if config.dsa is not None:
-            for layer, kind in enumerate(config.dsa.indexer_types):
-                if kind == "full":
-                    self.index_keys[layer] = torch.empty(capacity, config.dsa.head_dim, dtype=dtype,
-                                                         device=self.device)
+        s = self.settings
+        self.cache = SegmentedKVCache(
+            config.n_layers, 1, self.r + config.mla.qk_rope_head_dim,
+            v_dim=config.dsa.head_dim if config.dsa is not None else 1,
+            segment_size=s.segment_size, block_size=s.segment_size,
+            dtype=dtype or DTYPES[s.kv_dtype], device=device, live_segments=s.live_segments,
+            host_segments=host_segments, spill_dir=spill_dir)
+        self._index_chunk: dict[int, torch.Tensor] = {}  # layer -> this chunk's indexer keys
 
     @property
-    def capacity(self) -> int:
-        return self.latent.shape[1]
-
-    def _reserve(self, n: int) -> None:
-        if n <= self.capacity:
-            return
-        cap = max(n, 2 * self.capacity)
-        grown = self.latent.new_empty(self.latent.shape[0], cap, self.latent.shape[2])
-        grown[:, : self.num_tokens] = self.latent[:, : self.num_tokens]
-        self.latent = grown
-        for layer, keys in self.index_keys.items():
-            g = keys.new_empty(cap, keys.shape[1])
-            g[: self.num_tokens] = keys[: self.num_tokens]
-            self.index_keys[layer] = g
+    def num_tokens(self) -> int:
+        return self.cache.num_tokens
 
     def _rope_tail(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """RoPE on the last qk_rope_head_dim dims of x [T, H, R + rope]."""
@@ -70,48 +71,64 @@ class MLAKVState:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
                positions: torch.Tensor, *, scale: float,
                indices: torch.Tensor | None = None) -> torch.Tensor:
-        """Store this chunk's latents and attend to everything stored (causally), or only to
-        `indices` [T, k] (-1 = nothing) when DSA selected tokens. v is unused: the values are
-        the latent itself."""
+        """Store this chunk's latents k [T, R + rope] and attend to everything stored
+        (causally), or only to `indices` [T, k] (-1 = nothing) when DSA selected tokens. v is
+        unused: the values are the latent itself."""
         t = q.shape[0]
-        start, end = self.num_tokens, self.num_tokens + t
-        self._reserve(end)
-        self.latent[layer, start:end] = self._rope_tail(k[:, None], positions)[:, 0].to(self.dtype)
-        q = self._rope_tail(q, positions)
-        keys = self.latent[layer, :end].to(q.dtype)
-        mask = None
-        if indices is not None:
-            mask = token_mask(indices, end)
-        elif t > 1:
-            rows = torch.arange(start, end, device=q.device)[:, None]
-            mask = torch.arange(end, device=q.device)[None, :] <= rows
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], keys[None, None], keys[None, None, :, : self.r],
-            attn_mask=mask, scale=scale, enable_gqa=True)
-        return out[0].transpose(0, 1)
+        start = self.cache.num_tokens
+        end = start + t
+        latent = self._rope_tail(k[:, None], positions)
+        index_keys = self._index_chunk.pop(layer, None)
+        if index_keys is None:
+            index_keys = latent.new_zeros(t, 1, self.cache.v_dim)
+        self.cache.write(layer, start, latent, index_keys)
+        keys = self.cache.range(layer, 0, end)[0][:, 0].to(q.dtype)
+        return latent_attention(self._rope_tail(q, positions), keys, self.r, start, scale=scale,
+                                indices=indices)
 
     def select(self, layer: int, q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
                positions: torch.Tensor, *, scale: float) -> torch.Tensor | None:
-        """Store this chunk's indexer keys for `layer` and return each query's top-k tokens, or
-        None when no query has more earlier tokens than topk (then every token is kept)."""
-        t = q.shape[0]
-        start, end = self.num_tokens, self.num_tokens + t
-        self._reserve(end)
-        self.index_keys[layer][start:end] = self.rope._apply_partial(k[:, None], positions)[:, 0].to(self.dtype)
+        """Keep this chunk's indexer keys for `layer` (stored by the `attend` that follows) and
+        return each query's top-k tokens, or None when no query has more earlier tokens than
+        topk (then every token is kept)."""
+        start = self.cache.num_tokens
+        end = start + q.shape[0]
+        chunk = self.rope._apply_partial(k[:, None], positions)
+        self._index_chunk[layer] = chunk
         topk = self.config.dsa.topk
         if end <= topk:
             return None
-        q = self.rope._apply_partial(q, positions)
-        return indexer_topk(q, self.index_keys[layer][:end].to(q.dtype), weights, start,
+        keys = chunk[:, 0]
+        if start:
+            keys = torch.cat((self.cache.range(layer, 0, start)[1][:, 0].to(keys.dtype), keys))
+        return indexer_topk(self.rope._apply_partial(q, positions), keys, weights, start,
                             scale=scale, topk=topk)
 
     def commit(self, n: int) -> None:
-        self.num_tokens += n
+        self.cache.commit(n)
 
     def truncate(self, n: int) -> None:
-        if not 0 <= n <= self.num_tokens:
-            raise ValueError(f"cannot truncate a state of {self.num_tokens} tokens to {n}")
-        self.num_tokens = n
+        self.cache.truncate(n)
+
+
+def latent_attention(q: torch.Tensor, keys: torch.Tensor, r: int, start: int, *, scale: float,
+                     indices: torch.Tensor | None = None) -> torch.Tensor:
+    """Absorbed MLA attention (PyTorch reference; kernels/mla_sparse holds the Triton one).
+
+    q [T, H, R + rope] (roped) at positions start.., keys [S, R + rope] (roped latents) ->
+    [T, H, R]: softmax(q.k * scale) over the causal prefix, or over `indices` [T, k] (-1 =
+    none), weighting the latents' first R dims."""
+    t, s = q.shape[0], keys.shape[0]
+    mask = None
+    if indices is not None:
+        mask = token_mask(indices, s)
+    elif t > 1:
+        rows = torch.arange(start, start + t, device=q.device)[:, None]
+        mask = torch.arange(s, device=q.device)[None, :] <= rows
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None, None],
+                                         keys[None, None, :, :r], attn_mask=mask, scale=scale,
+                                         enable_gqa=True)
+    return out[0].transpose(0, 1)
 
 
 def token_mask(indices: torch.Tensor, n_keys: int) -> torch.Tensor:

@@ -105,6 +105,10 @@ class PrefixCache:
         return cls(engine.config, model_hash, settings, engine.rope, **kw)
 
     def new_state(self) -> SparseKVState:
+        if self.config.mla is not None:  # MLA/DSA: latents + indexer keys in the same segments
+            from .mla_state import MLAKVState
+
+            return MLAKVState(self.config, self.rope, settings=self.settings, device=self.device)
         return SparseKVState(self.config, self.settings, self.rope, device=self.device)
 
     def get_state(self, doc_key: str, prompt_ids: Sequence[int]) -> tuple[SparseKVState, int]:

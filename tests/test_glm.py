@@ -208,3 +208,37 @@ def test_engine_runs_a_sharded_glm5_with_its_chat_template(tmp_path):
         out = ref.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
                            eos_token_id=None, pad_token_id=0)
     assert result.token_ids == out[0, len(ids):].tolist()
+
+
+def test_dsa_state_segments_spill_and_prefix_cache(tmp_path):
+    """The MLA/DSA state keeps latents and indexer keys in the engine's segmented cache: with
+    32-token segments, one live segment and the rest spilled to disk, and with a document
+    prefix restored from the PrefixCache (files on disk, a new cache object as another process
+    would have), logits still equal transformers'."""
+    from docqa.engine.prefix_cache import PrefixCache
+    from docqa.engine.settings import EngineSettings
+
+    ref = make_tiny_glm(tmp_path / "model", "glm_moe_dsa")
+    ours, ckpt = load_model(tmp_path / "model")
+    torch.manual_seed(3)
+    ids = torch.randint(0, VOCAB, (100,))
+    with torch.no_grad():
+        want = ref(ids[None]).logits[0]
+    settings = EngineSettings(segment_size=32, block_size=32, live_segments=1)
+
+    spilled = MLAKVState(ckpt.config, ours.rope, settings=settings, spill_dir=tmp_path / "spill")
+    got = ours(ids, spilled, chunk_size=20)
+    assert spilled.cache.spills > 0 and spilled.cache.resident_segments() <= 2
+    assert (got - want).abs().max().item() < TOL
+
+    cache = PrefixCache(ckpt.config, "tiny", settings, ours.rope, cache_dir=tmp_path / "kv")
+    doc = ids[:80].tolist()
+    state, n = cache.get_state("doc", doc)
+    assert n == 0
+    ours(torch.tensor(doc), state, chunk_size=20)
+    assert cache.save("doc", doc, state) == 2  # two full 32-token segments
+    again = PrefixCache(ckpt.config, "tiny", settings, ours.rope, cache_dir=tmp_path / "kv")
+    state, n = again.get_state("doc", ids.tolist())
+    assert n == 64 and again.hits_disk == 2
+    rest = ours(ids[64:], state, chunk_size=20)
+    assert (rest - want[64:]).abs().max().item() < TOL

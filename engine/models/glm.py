@@ -76,8 +76,9 @@ class GlmModel(nn.Module):
     def new_state(self, capacity: int = 1024, *, dtype: torch.dtype = torch.float32,
                   device: torch.device | str = "cpu"):
         """The KV state this architecture attends through (MLA latents, or dense K/V)."""
-        cls = MLAKVState if self.config.mla is not None else DenseKVState
-        return cls(self.config, self.rope, capacity=capacity, dtype=dtype, device=device)
+        if self.config.mla is not None:
+            return MLAKVState(self.config, self.rope, dtype=dtype, device=device)
+        return DenseKVState(self.config, self.rope, capacity=capacity, dtype=dtype, device=device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, state, *, last_only: bool = False,
