@@ -16,7 +16,8 @@ Storage is the engine's segmented, tiered cache; `truncate` forgets a suffix.
 
 Shapes (batch 1): attend q [T, H, R + rope] (rope part before RoPE), latent [T, R + rope]
 (rope part before RoPE) -> [T, H, R]; select q [T, Hi, Di], k [T, Di], weights [T, Hi] ->
-indices [T, min(topk, S)] int64, -1 where a query has fewer earlier tokens than topk.
+indices [T, min(topk, S)] int64, -1 where a query has fewer earlier tokens than topk
+(kernels/dsa_index: the scoring and top-k, reference and Triton).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import torch.nn.functional as F
 
 from pathlib import Path
 
+from ..kernels.dsa_index.naive import naive_index_scores, naive_index_topk
+from ..kernels.gpu import has_triton
 from .config import ModelConfig
 from .kv_cache import DTYPES, SegmentedKVCache
 from .rope import Rope
@@ -101,8 +104,12 @@ class MLAKVState:
         keys = chunk[:, 0]
         if start:
             keys = torch.cat((self.cache.range(layer, 0, start)[1][:, 0].to(keys.dtype), keys))
-        return indexer_topk(self.rope._apply_partial(q, positions), keys, weights, start,
-                            scale=scale, topk=topk)
+        q = self.rope._apply_partial(q, positions)
+        if q.is_cuda and has_triton():
+            from ..kernels.dsa_index import fused_index_scores, fused_index_topk
+
+            return fused_index_topk(fused_index_scores(q, keys, weights, start, scale), topk)
+        return naive_index_topk(naive_index_scores(q, keys, weights, start, scale), topk)
 
     def commit(self, n: int) -> None:
         self.cache.commit(n)
@@ -113,12 +120,16 @@ class MLAKVState:
 
 def latent_attention(q: torch.Tensor, keys: torch.Tensor, r: int, start: int, *, scale: float,
                      indices: torch.Tensor | None = None) -> torch.Tensor:
-    """Absorbed MLA attention (PyTorch reference; kernels/mla_sparse holds the Triton one).
+    """Absorbed MLA attention (SDPA; on CUDA the token-sparse case runs kernels/mla_sparse).
 
     q [T, H, R + rope] (roped) at positions start.., keys [S, R + rope] (roped latents) ->
     [T, H, R]: softmax(q.k * scale) over the causal prefix, or over `indices` [T, k] (-1 =
     none), weighting the latents' first R dims."""
     t, s = q.shape[0], keys.shape[0]
+    if indices is not None and q.is_cuda and has_triton():
+        from ..kernels.mla_sparse import fused_mla_sparse_attention
+
+        return fused_mla_sparse_attention(q, keys, indices, r, scale)
     mask = None
     if indices is not None:
         mask = token_mask(indices, s)
@@ -136,20 +147,3 @@ def token_mask(indices: torch.Tensor, n_keys: int) -> torch.Tensor:
     mask = torch.zeros(indices.shape[0], n_keys + 1, dtype=torch.bool, device=indices.device)
     mask.scatter_(1, torch.where(indices < 0, n_keys, indices), True)
     return mask[:, :n_keys]
-
-
-def indexer_topk(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, start: int, *,
-                 scale: float, topk: int) -> torch.Tensor:
-    """The lightning indexer (PyTorch reference; kernels/dsa_index holds the Triton one).
-
-    q [T, Hi, Di] (roped) of queries at positions start..start+T-1, keys [S, Di] (roped),
-    weights [T, Hi] -> indices [T, min(topk, S)] of the highest sum_h w[t,h] relu(q[t,h].k[s]
-    * scale) over s <= start + t; -1 where fewer tokens are visible."""
-    t, s = q.shape[0], keys.shape[0]
-    scores = torch.relu(torch.einsum("thd,sd->ths", q.float(), keys.float()) * scale)
-    index = torch.einsum("th,ths->ts", weights.float(), scores)
-    rows = torch.arange(start, start + t, device=q.device)[:, None]
-    visible = torch.arange(s, device=q.device)[None, :] <= rows
-    index = index.masked_fill(~visible, float("-inf"))
-    values, idx = index.topk(min(topk, s), dim=-1)
-    return torch.where(torch.isinf(values), -1, idx)
