@@ -12,7 +12,7 @@ import torch
 
 from ..kernels.gpu import has_triton
 from .attention import KVState
-from .chat import render_chat
+from .chat import render_chat, split_thinking
 from .checkpoint import Checkpoint, load_model
 from .dense import DenseKVState
 from .device import resolve_device
@@ -31,6 +31,7 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     stop_reason: str = "length"  # "stop" (a stop token) or "length" (max_new_tokens)
+    thinking: str = ""  # a reasoning model's <think> text, kept out of `text` (engine/chat.py)
 
     @property
     def decode_tok_s(self) -> float:
@@ -120,12 +121,16 @@ class Engine:
             return TritonKVState(self.config, settings, self.rope, device=self.device)
         return SparseKVState(self.config, settings, self.rope, device=self.device)
 
-    def chat_prompt(self, user: str, system: str | None = None) -> list[int]:
+    def chat_prompt(self, user: str, system: str | None = None, *, thinking: bool | None = None,
+                    reasoning_effort: str | None = None) -> list[int]:
+        """thinking / reasoning_effort go to the template as enable_thinking / reasoning_effort
+        (None: the template's own default)."""
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user}]
         text = render_chat(self.tokenizer.chat_template, messages,
                            bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
-                           eos_token=self.tokenizer.token_text(self.tokenizer.eos_id))
+                           eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
+                           enable_thinking=thinking, reasoning_effort=reasoning_effort)
         # The template writes BOS itself when the model wants one.
         return self.tokenizer.encode(text, add_bos=False)
 
@@ -183,7 +188,8 @@ class Engine:
             token = int(choose(logits, out) if choose else
                         sample(logits, temperature=temperature, top_p=top_p, generator=generator))
         t2 = time.perf_counter()
-        return GenerationResult(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, reason)
+        thinking, text = split_thinking(out, self.tokenizer)
+        return GenerationResult(text, out, len(ids), t1 - t0, t2 - t1, reason, thinking)
 
 
 BENCH_TEXT = (

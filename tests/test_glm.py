@@ -158,7 +158,7 @@ GLM_SPECIALS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "
 GLM_TEMPLATE = (
     "[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>"
-    "{% if enable_thinking is defined and not enable_thinking %}\n<think></think>{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '\\n<think></think>' }}{% endif %}"
     "{% endif %}")
 
 
