@@ -84,24 +84,22 @@ class GlmModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, state, *, last_only: bool = False,
                 chunk_size: int = 1024, argmax_only: bool = False, on_chunk=None,
                 return_hidden: bool = False):
-        """As `LlamaModel.forward`; return_hidden also returns the final hidden states (before
-        the output norm) of the rows whose logits are returned, for MTP drafting."""
+        """As `LlamaModel.forward`; return_hidden also returns the final hidden states of every
+        row (after the output norm, as MTP layers take them), whatever last_only says."""
         input_ids = input_ids.reshape(-1)
+        n = input_ids.shape[0]
         outs, hiddens = [], []
-        for start in range(0, input_ids.shape[0], chunk_size):
-            hidden = self._forward_chunk(input_ids[start:start + chunk_size], state)
+        for start in range(0, n, chunk_size):
+            hidden = self.norm(self._forward_chunk(input_ids[start:start + chunk_size], state))
             if on_chunk is not None:
-                on_chunk(min(start + chunk_size, input_ids.shape[0]), input_ids.shape[0])
-            if last_only and start + chunk_size < input_ids.shape[0]:
+                on_chunk(min(start + chunk_size, n), n)
+            if return_hidden:
+                hiddens.append(hidden)
+            if last_only and start + chunk_size < n:
                 continue
-            if last_only:
-                hidden = hidden[-1:]
-            hiddens.append(hidden)
-            outs.append(self.lm_head(self.norm(hidden)))
+            outs.append(self.lm_head(hidden[-1:] if last_only else hidden))
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)
-        if return_hidden:
-            return logits, (hiddens[0] if len(hiddens) == 1 else torch.cat(hiddens))
-        return logits
+        return (logits, torch.cat(hiddens)) if return_hidden else logits
 
     def _forward_chunk(self, ids: torch.Tensor, state) -> torch.Tensor:
         t = ids.shape[0]
@@ -114,28 +112,52 @@ class GlmModel(nn.Module):
         return x
 
     def load_weights(self, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
-        """HF-named tensors -> parameters: per-expert matrices are stacked, GLM-4's fused
-        gate_up_proj split, MTP layers (index >= n_layers) kept aside in `mtp_weights`."""
-        n = self.config.n_layers
-        main: dict[str, torch.Tensor] = {}
-        experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
-        for name, t in weights.items():
-            m = _LAYER_RE.fullmatch(name)
-            if m and int(m.group(1)) >= n:
-                self.mtp_weights[name] = t
-                continue
-            e = _EXPERT_RE.fullmatch(name)
-            if e:
-                experts.setdefault(e.group(1), {}).setdefault(int(e.group(2)), {})[e.group(3)] = t
-            elif m and m.group(2) == "mlp.gate_up_proj.weight":
-                gate, up = t.chunk(2, dim=0)
-                prefix = name.removesuffix("gate_up_proj.weight")
-                main[prefix + "gate_proj.weight"], main[prefix + "up_proj.weight"] = gate, up
-            else:
-                main[name] = t
-        for prefix, per in experts.items():
-            ids = sorted(per)
-            main[prefix + ".gate_up_proj"] = torch.stack(
-                [torch.cat((per[i]["gate"], per[i]["up"])) for i in ids])
-            main[prefix + ".down_proj"] = torch.stack([per[i]["down"] for i in ids])
+        """HF-named tensors -> parameters (see `normalise_weights`); MTP layers (index >=
+        n_layers) are kept aside in `mtp_weights`."""
+        main, self.mtp_weights = normalise_weights(weights, self.config.n_layers)
         LlamaModel.load_weights(self, main, dtype=dtype)
+
+
+def normalise_weights(weights: dict[str, torch.Tensor], n_layers: int):
+    """(decoder tensors, MTP tensors): per-expert matrices stacked into the experts' 3-D
+    tensors, GLM-4's fused gate_up_proj split, layers >= n_layers set apart as MTP."""
+    main: dict[str, torch.Tensor] = {}
+    mtp: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for name, t in weights.items():
+        m = _LAYER_RE.fullmatch(name)
+        if m and int(m.group(1)) >= n_layers:
+            mtp[name] = t
+            continue
+        e = _EXPERT_RE.fullmatch(name)
+        if e:
+            experts.setdefault(e.group(1), {}).setdefault(int(e.group(2)), {})[e.group(3)] = t
+        elif m and m.group(2) == "mlp.gate_up_proj.weight":
+            gate, up = t.chunk(2, dim=0)
+            prefix = name.removesuffix("gate_up_proj.weight")
+            main[prefix + "gate_proj.weight"], main[prefix + "up_proj.weight"] = gate, up
+        else:
+            main[name] = t
+    for prefix, per in experts.items():
+        ids = sorted(per)
+        main[prefix + ".gate_up_proj"] = torch.stack(
+            [torch.cat((per[i]["gate"], per[i]["up"])) for i in ids])
+        main[prefix + ".down_proj"] = torch.stack([per[i]["down"] for i in ids])
+    return main, mtp
+
+
+def assign_strict(module: nn.Module, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """Set every parameter of `module` from `state` (same names and shapes, nothing left over)."""
+    own = dict(module.named_parameters(remove_duplicate=False))
+    missing, unexpected = own.keys() - state.keys(), state.keys() - own.keys()
+    if missing or unexpected:
+        raise KeyError(f"checkpoint does not fit the model: missing {sorted(missing)[:5]}, "
+                       f"unexpected {sorted(unexpected)[:5]}")
+    for name, param in own.items():
+        t = state[name]
+        if tuple(t.shape) != tuple(param.shape) and name != "embed_tokens.weight":
+            raise KeyError(f"tensor {name} has shape {tuple(t.shape)}, the config implies "
+                           f"{tuple(param.shape)}")
+        module_name, _, attr = name.rpartition(".")
+        setattr(module.get_submodule(module_name), attr,
+                nn.Parameter(t.to(dtype).contiguous(), requires_grad=False))
