@@ -157,7 +157,8 @@ def _hf_tensors(path: Path) -> dict[str, torch.Tensor]:
         with safe_open(str(f), framework="pt") as sf:
             for name in sf.keys():
                 t = sf.get_tensor(name)
-                out[name] = t if t.dtype == torch.float32 else t.float()
+                # FP8 weights stay 1-byte here; their block scales are applied by the model.
+                out[name] = t if t.dtype in (torch.float32, torch.float8_e4m3fn) else t.float()
     return out
 
 

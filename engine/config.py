@@ -80,6 +80,7 @@ class ModelConfig:
     moe: MoESpec | None = None
     dsa: DSASpec | None = None
     mtp_layers: int = 0  # next-token-prediction layers stored after the decoder's
+    fp8_block: tuple[int, int] | None = None  # FP8 e4m3 weights with one scale per block
 
     def __post_init__(self):
         assert self.arch in SUPPORTED_ARCHS, self.arch
@@ -250,4 +251,17 @@ def _glm_from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         post_norms=arch == "glm4",
         mla=mla, moe=moe, dsa=dsa,
         mtp_layers=int(cfg.get("num_nextn_predict_layers", 0) or 0),
+        fp8_block=_fp8_block(cfg.get("quantization_config")),
     )
+
+
+def _fp8_block(q: dict[str, Any] | None) -> tuple[int, int] | None:
+    if not q:
+        return None
+    if q.get("quant_method") != "fp8" or "weight_block_size" not in q:
+        raise CheckpointError(f"quantization {q.get('quant_method')!r} is not supported "
+                              "(FP8 with weight_block_size is)")
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise CheckpointError(f"FP8 format {q['fmt']!r} is not supported (e4m3 is)")
+    bo, bi = q["weight_block_size"]
+    return int(bo), int(bi)

@@ -114,6 +114,10 @@ class GlmModel(nn.Module):
     def load_weights(self, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
         """HF-named tensors -> parameters (see `normalise_weights`); MTP layers (index >=
         n_layers) are kept aside in `mtp_weights`."""
+        if self.config.fp8_block is not None:  # CPU: dequantise once, at load (models/fp8.py)
+            from .fp8 import dequantize_checkpoint
+
+            weights = dequantize_checkpoint(weights, self.config.fp8_block)
         main, self.mtp_weights = normalise_weights(weights, self.config.n_layers)
         LlamaModel.load_weights(self, main, dtype=dtype)
 
