@@ -134,9 +134,10 @@ class ModelConfig:
                   rope_freq_factors: tuple[float, ...] | None = None) -> "ModelConfig":
         """From GGUF metadata (llama.cpp key names) plus facts only the tensor list tells."""
         arch = meta.get("general.architecture")
-        if arch not in SUPPORTED_ARCHS:
+        gguf_archs = [a for a in SUPPORTED_ARCHS if a not in GLM_ARCHS]  # GLM: HF directories only
+        if arch not in gguf_archs:
             raise CheckpointError(
-                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(gguf_archs)}"
             )
 
         def get(key, default=None):
