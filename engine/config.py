@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "glm4", "glm4_moe", "glm4_moe_lite",
-                   "glm_moe_dsa")
+                   "glm_moe_dsa", "gemma3")
 GLM_ARCHS = ("glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa")  # engine/models/glm.py
 
 
@@ -81,6 +81,11 @@ class ModelConfig:
     dsa: DSASpec | None = None
     mtp_layers: int = 0  # next-token-prediction layers stored after the decoder's
     fp8_block: tuple[int, int] | None = None  # FP8 e4m3 weights with one scale per block
+    # Gemma 3 (engine/models/gemma3.py): sliding-window layers with their own RoPE base, every
+    # `global_every`-th layer global.
+    sliding_window: int | None = None
+    global_every: int = 0
+    rope_local_theta: float | None = None
 
     def __post_init__(self):
         assert self.arch in SUPPORTED_ARCHS, self.arch
@@ -103,6 +108,8 @@ class ModelConfig:
             )
         if model_type in GLM_ARCHS:
             return _glm_from_hf(cls, cfg)
+        if model_type == "gemma3":
+            raise CheckpointError("gemma3 runs from its GGUF file; its HF directory is not supported")
         n_heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
@@ -168,9 +175,14 @@ class ModelConfig:
             rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             tie_embeddings=not has_output,
             qkv_bias=has_qkv_bias,
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             rope_scaling=scaling,
             rope_freq_factors=rope_freq_factors,
+            # llama.cpp fixes these for gemma3 rather than storing them: 10000 for local layers,
+            # one global layer in six.
+            sliding_window=int(get("attention.sliding_window")) if arch == "gemma3" else None,
+            global_every=6 if arch == "gemma3" else 0,
+            rope_local_theta=10000.0 if arch == "gemma3" else None,
         )
 
 

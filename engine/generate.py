@@ -112,7 +112,9 @@ class Engine:
         """The sparse three-layer state on the engine's device: the Triton kernels on CUDA where
         they serve the settings (true positions, per-head routing), else the PyTorch reference state."""
         settings = settings or EngineSettings()
-        if self.config.dsa is not None:  # GLM-5 routes with its own indexer (engine/mla_state.py)
+        # GLM-5 routes with its own indexer (engine/mla_state.py); Gemma 3's own state keeps its
+        # sliding windows (the sparse states do not know them).
+        if self.config.dsa is not None or self.config.arch == "gemma3":
             return self.model.new_state(dtype=self.model.embed_tokens.weight.dtype, device=self.device)
         triton_serves = settings.positions == "true" and not settings.route_shared and self.rope.plain
         if self.device.type == "cuda" and triton_serves and has_triton():
