@@ -36,6 +36,13 @@ _GGUF_BLOCK_TO_HF = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Gemma 3 has a norm on each side of attention and of the MLP; HF's names for them.
+_GGUF_GEMMA3_TO_HF = {
+    **_GGUF_BLOCK_TO_HF,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
@@ -118,15 +125,16 @@ def _gguf_entries(gf: GGUFFile, config: ModelConfig):
     """(GGUF name, HF name, tensor, heads to un-permute its rows by or None) per weight."""
     # Only llama.cpp's LlamaModel converter permutes Q/K; Qwen2/3 files keep the HF layout.
     permuted = config.arch in ("llama", "mistral")
+    block_names = _GGUF_GEMMA3_TO_HF if config.arch == "gemma3" else _GGUF_BLOCK_TO_HF
     for name, t in gf.tensors.items():
         if name == "rope_freqs.weight":
             continue
         m = _BLOCK_RE.fullmatch(name)
         if m:
             suffix = m.group(2)
-            if suffix not in _GGUF_BLOCK_TO_HF:
+            if suffix not in block_names:
                 raise CheckpointError(f"unexpected tensor {name} in {gf.path}")
-            hf = f"model.layers.{m.group(1)}.{_GGUF_BLOCK_TO_HF[suffix]}"
+            hf = f"model.layers.{m.group(1)}.{block_names[suffix]}"
         elif name in _GGUF_TO_HF:
             hf = _GGUF_TO_HF[name]
         else:
@@ -159,7 +167,8 @@ def _hf_tensors(path: Path, dtype: torch.dtype, device: torch.device) -> dict[st
         with safe_open(str(f), framework="pt", device=str(device)) as sf:
             for name in sf.keys():
                 t = sf.get_tensor(name)
-                out[name] = t if t.dtype == dtype else t.to(dtype)
+                # FP8 weights stay 1-byte here; their block scales are applied by the model.
+                out[name] = t if t.dtype in (dtype, torch.float8_e4m3fn) else t.to(dtype)
     return out
 
 
@@ -168,11 +177,24 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_w
 
     decode_weights: "fp32" (none), "bf16", "q4" or "auto" — decode-only weight copies, see
     engine/decode_weights.py; they apply to fp32 models only."""
+    from .config import GLM_ARCHS
     from .decode_weights import attach, resolve_mode
     from .models.llama import LlamaModel
 
     mode = resolve_mode(decode_weights)
     ckpt = open_checkpoint(path)
+    if ckpt.config.arch in GLM_ARCHS:
+        from .models.glm import GlmModel
+
+        model = GlmModel(ckpt.config)
+        model.load_weights(ckpt.tensors(), dtype=dtype)
+        return model.eval(), ckpt
+    if ckpt.config.arch == "gemma3":
+        from .models.gemma3 import Gemma3Model
+
+        model = Gemma3Model(ckpt.config)
+        model.load_weights(ckpt.tensors(), dtype=dtype)
+        return model.eval(), ckpt
     model = LlamaModel(ckpt.config)
     model.load_weights(ckpt.tensors(), dtype=dtype)
     model.eval()

@@ -12,7 +12,7 @@ import torch
 
 from ..kernels.gpu import has_triton
 from .attention import KVState
-from .chat import render_chat
+from .chat import render_chat, split_thinking
 from .checkpoint import Checkpoint, load_model
 from .dense import DenseKVState
 from .device import resolve_device
@@ -31,6 +31,7 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     stop_reason: str = "length"  # "stop" (a stop token) or "length" (max_new_tokens)
+    thinking: str = ""  # a reasoning model's <think> text, kept out of `text` (engine/chat.py)
 
     @property
     def decode_tok_s(self) -> float:
@@ -58,6 +59,7 @@ def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
 
 
 KERNELS = ("auto", "torch", "triton")
+TRITON_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # what engine/gpu/model.py's decoder runs
 GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this many steps
 
 
@@ -108,6 +110,9 @@ class Engine:
             raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
         where = resolve_device(device)  # before reading weights: a bad choice fails at once
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
+        if use_triton and open_checkpoint(resolve_model_path(path)).config.arch not in TRITON_ARCHS:
+            # GLM and Gemma run their PyTorch models on the device (their kernels are not wired in yet)
+            use_triton = False
         if use_triton:
             if not has_triton():
                 raise RuntimeError("the CUDA path needs triton: pip install 'docqa[gpu]'")
@@ -156,8 +161,20 @@ class Engine:
             elif settings.attention == "sparse" and settings.positions != "true":
                 raise ValueError(f"the Triton decoder stores keys at their true positions, not {settings.positions!r}")
             return new_cuda_state(self.config, settings, capacity, self.device)
+        if hasattr(self.model, "new_state"):
+            # GLM: MLA latents or partial-RoPE dense K/V when dense; GLM-5 routes with its own
+            # indexer (engine/mla_state.py) and Gemma 3's own state keeps its sliding windows (the
+            # sparse states do not know them)
+            if settings is None:
+                return self.model.new_state(capacity, dtype=self.dtype, device=self.device)
+            if self.config.dsa is not None or self.config.arch == "gemma3":
+                return self.model.new_state(dtype=self.dtype, device=self.device)
         if settings is None:
             return DenseKVState(self.config, self.rope, capacity=capacity, dtype=self.dtype, device=self.device)
+        if self.config.mla is not None:  # MLA: latents (+ indexer keys) in the segmented cache
+            from .mla_state import MLAKVState
+
+            return MLAKVState(self.config, self.rope, settings=settings, device=self.device)
         return SparseKVState(self.config, settings, self.rope, device=self.device)
 
     @property
@@ -169,12 +186,16 @@ class Engine:
             self._prefix_cache = PrefixCache.for_engine(self)
         return self._prefix_cache
 
-    def chat_prompt(self, user: str, system: str | None = None) -> list[int]:
+    def chat_prompt(self, user: str, system: str | None = None, *, thinking: bool | None = None,
+                    reasoning_effort: str | None = None) -> list[int]:
+        """thinking / reasoning_effort go to the template as enable_thinking / reasoning_effort
+        (None: the template's own default)."""
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user}]
         text = render_chat(self.tokenizer.chat_template, messages,
                            bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
-                           eos_token=self.tokenizer.token_text(self.tokenizer.eos_id))
+                           eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
+                           enable_thinking=thinking, reasoning_effort=reasoning_effort)
         # The template writes BOS itself when the model wants one.
         return self.tokenizer.encode(text, add_bos=False)
 
@@ -240,7 +261,8 @@ class Engine:
             out, reason = self._decode_torch(state, token, max_new_tokens, stops, emit, pick,
                                              greedy=temperature == 0 and choose is None)
         t2 = time.perf_counter()
-        return GenerationResult(self.tokenizer.decode(out), out, len(ids), t1 - t0, t2 - t1, reason)
+        thinking, text = split_thinking(out, self.tokenizer)
+        return GenerationResult(text, out, len(ids), t1 - t0, t2 - t1, reason, thinking)
 
     def generate_on_document(self, doc_key: str, prefix_ids: Sequence[int], rest_ids: Sequence[int],
                              max_new_tokens: int = 256, *, temperature: float = 0.0,

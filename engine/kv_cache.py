@@ -95,9 +95,12 @@ class SegmentedKVCache:
         live_segments: int = 0,
         host_segments: int = 0,
         spill_dir: str | Path | None = None,
+        v_dim: int | None = None,
     ):
         assert segment_size % block_size == 0
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        # Values as wide as keys unless told otherwise (MLA stores indexer keys there instead).
+        self.v_dim = v_dim or head_dim
         self.segment_size, self.block_size = segment_size, block_size
         self.dtype, self.device = dtype, torch.device(device)
         self.live_segments, self.host_segments = live_segments, host_segments
@@ -121,7 +124,7 @@ class SegmentedKVCache:
             start=start,
             size=self.segment_size,
             k=torch.zeros(shape, dtype=self.dtype, device=self.device),
-            v=torch.zeros(shape, dtype=self.dtype, device=self.device),
+            v=torch.zeros(shape[:3] + (self.v_dim,), dtype=self.dtype, device=self.device),
             kmin=torch.zeros(dshape, device=self.device),
             kmax=torch.zeros(dshape, device=self.device),
             kmean=torch.zeros(dshape, device=self.device),
@@ -235,7 +238,7 @@ class SegmentedKVCache:
         """Raw keys/values of per-head positions idx [Hkv, M] -> [Hkv, M, D] each."""
         hkv, m = idx.shape
         k = torch.empty(hkv, m, self.head_dim, dtype=self.dtype, device=self.device)
-        v = torch.empty_like(k)
+        v = torch.empty(hkv, m, self.v_dim, dtype=self.dtype, device=self.device)
         heads = torch.arange(hkv, device=idx.device)[:, None].expand(hkv, m)
         seg_of = idx // self.segment_size
         for s in seg_of.unique().tolist():
@@ -305,3 +308,17 @@ class SegmentedKVCache:
 
     def resident_segments(self) -> int:
         return sum(1 for s in self.segments if s.k is not None and s.k.device == self.device)
+
+
+class SegmentedState:
+    """The prefix cache's side of a state kept in a `SegmentedKVCache` (`self.cache`)."""
+
+    def export_segment(self, i: int) -> Segment:
+        """Segment i itself, resident: the prefix cache shares it from now on (read-only)."""
+        seg = self.cache.segments[i]
+        self.cache._load(seg)
+        return seg
+
+    def adopt(self, segments: list[Segment]) -> None:
+        self.cache.adopt(segments)
+

@@ -129,8 +129,14 @@ class PrefixCache:
 
         settings = settings or EngineSettings()
         rope = rope if rope is not None else Rope(config)
-        return cls(lambda capacity: SparseKVState(config, settings, rope), model_hash, settings,
-                   shape=(config.n_layers, config.n_kv_heads, config.head_dim), layout="unrotated", **kw)
+        if config.mla is not None:  # MLA/DSA: latents + indexer keys in the same segments
+            from .mla_state import MLAKVState
+
+            make = lambda capacity: MLAKVState(config, rope, settings=settings)
+        else:
+            make = lambda capacity: SparseKVState(config, settings, rope)
+        return cls(make, model_hash, settings, shape=(config.n_layers, config.n_kv_heads, config.head_dim),
+                   layout=make(1).layout, **kw)
 
     def new_state(self, capacity: int = 1024):
         return self._new_state(capacity)

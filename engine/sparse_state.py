@@ -31,13 +31,13 @@ from ..kernels.attention import (
     naive_masked_attention,
 )
 from .config import ModelConfig
-from .kv_cache import DTYPES, SegmentedKVCache
+from .kv_cache import DTYPES, SegmentedKVCache, SegmentedState
 from .rope import Rope
 from .router import Route, route, routing_chunks
 from .settings import EngineSettings
 
 
-class SparseKVState:
+class SparseKVState(SegmentedState):
     """KVState (see attention.py) over a SegmentedKVCache."""
 
     def __init__(
@@ -73,16 +73,6 @@ class SparseKVState:
     def exact(self) -> bool:
         """No query so far attended to fewer keys than dense attention would."""
         return self.uncovered_chunks == 0
-
-    # --- prefix-cache segments (engine/prefix_cache.py) ---------------------------------------
-    def export_segment(self, i: int):
-        """Segment i itself, resident: the prefix cache shares it from now on (read-only)."""
-        seg = self.cache.segments[i]
-        self.cache._load(seg)
-        return seg
-
-    def adopt(self, segments) -> None:
-        self.cache.adopt(segments)
 
     # --- KVState -------------------------------------------------------------------------------
 

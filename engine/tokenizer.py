@@ -1,5 +1,7 @@
 """Tokenizers through the `tokenizers` library: tokenizer.json for HF dirs, rebuilt from GGUF
-metadata (byte-level BPE, `tokenizer.ggml.model == "gpt2"`) for GGUF files."""
+metadata for GGUF files: byte-level BPE (`tokenizer.ggml.model == "gpt2"`) and SentencePiece
+BPE (`"llama"`: Llama 2, Mistral, Gemma), the latter as transformers' GGUF loader rebuilds it
+(merges recovered from the vocabulary, byte fallback; tests/test_gguf_sentencepiece.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .config import CheckpointError
@@ -111,10 +113,12 @@ class Tokenizer:
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> "Tokenizer":
         kind = meta.get("tokenizer.ggml.model")
+        if kind == "llama":
+            return _sentencepiece_from_gguf(meta)
         if kind != "gpt2":
             raise CheckpointError(
-                f"GGUF tokenizer type {kind!r} is not supported yet (byte-level BPE 'gpt2' is); "
-                "use the model's Hugging Face directory with tokenizer.json instead")
+                f"GGUF tokenizer type {kind!r} is not supported yet (byte-level BPE 'gpt2' and "
+                "SentencePiece 'llama' are); use the model's Hugging Face directory instead")
         tokens: list[str] = meta["tokenizer.ggml.tokens"]
         types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         alphabet = _byte_alphabet()
@@ -151,6 +155,66 @@ class Tokenizer:
                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
                    chat_template=meta.get("tokenizer.chat_template"),
                    extra_stop_ids=_chat_end_ids(tok))
+
+
+def _spm_merges(tokens: list[str], vocab: dict[str, int], rank: dict[str, float]) -> list[tuple[str, str]]:
+    """The BPE merges a SentencePiece vocabulary implies: every split of a token into two
+    tokens, best rank first (ties: longer left part, then longer right part, then file order;
+    within one token by the parts' ids) — the order transformers derives them in."""
+    found = []
+    for piece in dict.fromkeys(tokens):
+        pairs = [(piece[:i], piece[i:]) for i in range(1, len(piece))
+                 if piece[:i] in vocab and piece[i:] in vocab]
+        pairs.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        found += [(left, right, rank[piece]) for left, right in pairs]
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
+
+
+def _sentencepiece_from_gguf(meta: dict[str, Any]) -> "Tokenizer":
+    """SentencePiece BPE with byte fallback from GGUF metadata (`tokenizer.ggml.model ==
+    "llama"`). Llama/Mistral: a "▁" prepended to the text (Metaspace), merges ranked by the
+    file's scores. Gemma: spaces become "▁" with nothing prepended, whitespace-only tokens are
+    stored as real spaces (respelled as "▁"s), and the merge order is the file's token order
+    (Gemma's scores do not follow it)."""
+    arch = meta.get("general.architecture", "")
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    gemma = arch.startswith("gemma")
+    if gemma:
+        tokens = ["\u2581" * len(t) if t and not t.strip(" ") else t for t in tokens]
+        rank = {t: -i for i, t in enumerate(tokens)}  # a repeated token ranks at its last place
+    else:
+        scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        rank = {}
+        for t, sc in zip(tokens, scores):
+            rank[t] = sc  # as a dict built from the pairs: the last duplicate wins
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab[t] = i
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]] \
+        if "tokenizer.ggml.merges" in meta else _spm_merges(tokens, vocab, rank)
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    tok = HFTokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True,
+                                 unk_token=tokens[unk] if gemma and unk is not None else None))
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        tok.normalizer = normalizers.Replace(" ", "\u2581")
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first",
+                                                     split=False)
+        steps.append(decoders.Strip(content=" ", left=1))
+    tok.decoder = decoders.Sequence(steps)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == _CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+    return Tokenizer(tok, bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+                     eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+                     chat_template=meta.get("tokenizer.chat_template"),
+                     extra_stop_ids=_chat_end_ids(tok))
 
 
 class TextStream:

@@ -1,0 +1,160 @@
+"""MTP speculative decoding for GLM checkpoints that carry a next-token-prediction layer.
+
+GLM-4.5+ and GLM-5 store one MTP layer after the decoder's (`model.layers.{n_layers}.*`,
+DeepSeek-V3's design): for position i it takes the main model's final (normed) hidden state
+h_i and the embedding of the token after it, e_{i+1}, and predicts the token after that:
+
+    x = eh_proj([enorm(e_{i+1}) ; hnorm(h_i)]);  x = decoder_block(x)  (its own KV, position i)
+    draft_{i+2} = argmax lm_head(shared_head.norm(x))
+
+Greedy decoding with one draft per step: the main model verifies [last token, draft] in one
+forward; if its prediction after the last token is the draft, both the draft and the main
+model's next prediction are kept (two tokens for one forward), else only its own prediction
+(the draft's KV entry is truncated away). Every kept token is the main model's argmax, so the
+output equals plain greedy decoding; the acceptance length (tokens per main forward) is the
+speed-up's measure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from .glm import Block, GlmModel, assign_strict, normalise_weights
+from .llama import Linear, RMSNorm
+
+
+def mtp_config(config: ModelConfig, has_indexer: bool = True) -> ModelConfig:
+    """The one-layer config of the MTP block: a MoE (sparse) layer; in a DSA model it runs its
+    own indexer when the checkpoint stores one, else attends densely (no layer before it in
+    its own state could lend it an index)."""
+    moe = dataclasses.replace(config.moe, layer_types=("sparse",)) if config.moe else None
+    dsa = dataclasses.replace(config.dsa, indexer_types=("full",)) if config.dsa and has_indexer else None
+    return dataclasses.replace(config, n_layers=1, moe=moe, dsa=dsa, mtp_layers=0)
+
+
+class SharedHead(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(config.hidden, config.rms_eps)
+        self.head = Linear(config.hidden, config.vocab)
+
+
+class MTPLayer(nn.Module):
+    def __init__(self, main: GlmModel, has_indexer: bool = True):
+        super().__init__()
+        config = mtp_config(main.config, has_indexer)
+        self.config = config
+        self.enorm = RMSNorm(config.hidden, config.rms_eps)
+        self.hnorm = RMSNorm(config.hidden, config.rms_eps)
+        self.eh_proj = Linear(2 * config.hidden, config.hidden)
+        self.block = Block(config, 0)
+        self.shared_head = SharedHead(config)
+        self.embed_tokens = main.embed_tokens  # shared with the main model
+        self.rope = main.rope
+
+    @classmethod
+    def from_model(cls, main: GlmModel) -> "MTPLayer":
+        """The first MTP layer of a loaded GLM model (from its `mtp_weights`)."""
+        prefix = f"model.layers.{main.config.n_layers}."
+        found = {k.removeprefix(prefix): v for k, v in main.mtp_weights.items() if k.startswith(prefix)}
+        if not found:
+            raise ValueError("this checkpoint has no MTP layer")
+        layer = cls(main, has_indexer=any(k.startswith("self_attn.indexer.") for k in found))
+        found.pop("embed_tokens.weight", None)  # a copy of the main embedding where stored
+        found.setdefault("shared_head.head.weight", main.lm_head.weight)
+        own = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")
+        block, _ = normalise_weights({f"model.layers.0.{k}": v for k, v in found.items()
+                                      if not k.startswith(own)}, 1)
+        state = {k.replace("model.layers.0.", "block.", 1): v for k, v in block.items()}
+        state.update({k: v for k, v in found.items() if k.startswith(own)})
+        state["embed_tokens.weight"] = main.embed_tokens.weight
+        assign_strict(layer, state, main.embed_tokens.weight.dtype)
+        layer.embed_tokens = main.embed_tokens
+        return layer.eval()
+
+    def new_state(self, main: GlmModel):
+        return GlmModel.new_state(self, dtype=main.embed_tokens.weight.dtype,
+                                  device=main.embed_tokens.weight.device)
+
+    @torch.inference_mode()
+    def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, state) -> torch.Tensor:
+        """hidden [T, H] (main model, normed) at positions state.num_tokens.., next_ids [T] the
+        tokens after them -> logits [T, vocab] for the tokens after those."""
+        t = hidden.shape[0]
+        positions = torch.arange(state.num_tokens, state.num_tokens + t, device=hidden.device)
+        x = self.eh_proj(torch.cat((self.enorm(self.embed_tokens(next_ids)), self.hnorm(hidden)), -1))
+        x, _ = self.block(x, state, positions)
+        state.commit(t)
+        return self.shared_head.head(self.shared_head.norm(x))
+
+
+@dataclasses.dataclass
+class SpeculativeResult:
+    token_ids: list[int]
+    steps: int  # main-model forwards after prefill
+    drafted: int
+    accepted: int
+    stop_reason: str
+    decode_s: float
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens gained per main-model forward (1.0 = no draft ever accepted, 2.0 = all)."""
+        return len(self.token_ids) / max(self.steps, 1) if self.steps else 0.0
+
+
+def speculative_generate(model: GlmModel, prompt: Sequence[int], max_new_tokens: int, *,
+                         mtp: MTPLayer | None = None, stop_ids: Sequence[int] = (),
+                         draft: Callable[[list[int]], int] | None = None) -> SpeculativeResult:
+    """Greedy decoding with MTP drafts verified by the main model (see the module docstring).
+
+    draft(tokens so far) -> a draft token replaces the MTP layer (tests use it to force
+    accepted and rejected drafts)."""
+    if mtp is None and draft is None:
+        mtp = MTPLayer.from_model(model)
+    device = model.embed_tokens.weight.device
+    stops = set(stop_ids)
+    state = model.new_state(len(prompt) + max_new_tokens + 2, device=device)
+    mstate = mtp.new_state(model) if mtp is not None else None
+    ids = torch.tensor(list(prompt), device=device)
+    logits, hidden = model(ids, state, return_hidden=True)
+    out = [int(logits[-1].argmax())]
+    t0 = time.perf_counter()
+    d = None
+    if mtp is not None:  # pairs (h_i, token i+1) for every prompt position
+        nxt = torch.cat((ids[1:], torch.tensor(out, device=device)))
+        d = int(mtp(hidden, nxt, mstate)[-1].argmax())
+    steps = drafted = accepted = 0
+    reason = "length"
+    while True:
+        if out[-1] in stops:
+            out.pop()
+            reason = "stop"
+            break
+        if len(out) >= max_new_tokens:
+            break
+        if draft is not None:
+            d = draft(list(out))
+        n = state.num_tokens  # position of out[-1]
+        logits, hidden = model(torch.tensor([out[-1], d], device=device), state, return_hidden=True)
+        steps += 1
+        drafted += 1
+        g1, g2 = int(logits[0].argmax()), int(logits[1].argmax())
+        if g1 == d and g1 not in stops:
+            accepted += 1
+            out += [d, g2]
+            if mtp is not None:
+                d = int(mtp(hidden, torch.tensor([d, g2], device=device), mstate)[-1].argmax())
+        else:
+            state.truncate(n + 1)
+            out.append(g1)
+            if mtp is not None:
+                d = int(mtp(hidden[:1], torch.tensor([g1], device=device), mstate)[-1].argmax())
+    out = out[:max_new_tokens]  # an accepted pair may overshoot by one
+    return SpeculativeResult(out, steps, drafted, accepted, reason, time.perf_counter() - t0)
