@@ -228,13 +228,6 @@ def get_summary(store: Store, run_id: str):
     return Summary.model_validate_json(row[0]) if row else None
 
 
-def summary_json(run, summary) -> dict:
-    return {"run_id": run.id, "doc_ids": summary.doc_ids, "length": summary.length, "focus": summary.focus,
-            "model": run.model, "blocks": [b.model_dump(exclude={"sentences": {"__all__": {"citations": {
-                "__all__": {"char_start", "char_end"}}}}}) for b in summary.blocks],
-            "dropped_sentences": summary.dropped, "rejected_statements": summary.rejected, "stats": summary.stats}
-
-
 # -- the command ---------------------------------------------------------------------------------
 
 
@@ -285,7 +278,10 @@ def summarize_command(
 
         run, summary = summarize(store, docs, settings, executor=local_executor(workers), on_progress=on_progress)
     if as_json:
-        print_json(summary_json(run, summary))
+        from .export import summary_view
+
+        with open_store(db) as store:
+            print_json(summary_view(store, run, summary))
         return
     multi = len(summary.doc_ids) > 1
     for b in summary.blocks:

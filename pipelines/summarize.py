@@ -757,32 +757,37 @@ def _section_name(doc: Document, offset: int) -> str:
     return sec.title[:40]
 
 
+# The facts the conflict rules read (pipelines/conflicts.py): a statement with none of them
+# cannot take part in a finding, so it is not handed to the (pairwise) rules at all.
+_CONFLICT_FACTS = re.compile(r"exclusiv|terminat|cancel|surviv|perpetu|trade secret|title|own|property|"
+                             r"governed|laws of|\$|€|£|dollars|\b(?:day|week|month|year)s?\b|\b(?:19|20)\d\d\b", re.I)
+_SIDE_A, _SIDE_B = "\x01", "\x02"
+
+
 def conflict_blocks(docs: Mapping[str, Document], stmts: Sequence[Statement],
                     names: Mapping[str, str]) -> list[Block]:
-    """Rule-found contradictions among the statements: within a document between its
-    top-level sections, and across documents. Both sides cited."""
+    """Rule-found contradictions among the statements: within a document (named by the
+    top-level sections of the two sentences), and across documents. Both sides cited."""
     out: list[Sentence] = []
+    spans = {d: [(c.char_start, c.char_end) for s in stmts if s.doc_id == d and _CONFLICT_FACTS.search(s.text)
+                 for c in s.citations if c.char_start is not None] for d in docs}
     for doc_id, doc in docs.items():
-        by_sec: dict[str, list[tuple[int, int]]] = {}
-        for s in stmts:
-            if s.doc_id == doc_id:
-                for c in s.citations:
-                    if c.char_start is not None:
-                        by_sec.setdefault(_section_name(doc, c.char_start), []).append((c.char_start, c.char_end))
-        secs = list(by_sec)
+        if not spans[doc_id]:
+            continue
+        # One pass over all of the document's statements; the rules' "A"/"B" are then
+        # written as "one statement"/"another" and the tag names the two sections.
         seen: set[tuple] = set()
-        for i, a in enumerate(secs):
-            for b in secs[i:]:
-                for f in detect_conflicts(doc, a, by_sec[a], b, by_sec[b]):
-                    k = tuple(sorted([(f.a.char_start, f.a.char_end), (f.b.char_start, f.b.char_end)]))
-                    if k in seen:
-                        continue
-                    seen.add(k)
-                    text = f.text if len(docs) == 1 else f.text.replace("[CONFLICT: ", f"[CONFLICT: {names[doc_id]} ", 1)
-                    out.append(Sentence(text=text, citations=[f.a, f.b]))
+        for f in detect_conflicts(doc, _SIDE_A, spans[doc_id], _SIDE_B, spans[doc_id]):
+            pair = (f.rule, frozenset([(f.a.char_start, f.a.char_end), (f.b.char_start, f.b.char_end)]))
+            if pair in seen:  # both sides are the same statements: each finding comes twice
+                continue
+            seen.add(pair)
+            where = f"{_section_name(doc, f.a.char_start or 0)} vs {_section_name(doc, f.b.char_start or 0)}"
+            if len(docs) > 1:
+                where = f"{names[doc_id]}: {where}"
+            why = f.text.split("] ", 1)[1].replace(_SIDE_A, "one statement").replace(_SIDE_B, "another")
+            out.append(Sentence(text=f"[CONFLICT: {where}] {why}", citations=[f.a, f.b]))
     if len(docs) > 1:
-        spans = {d: [(c.char_start, c.char_end) for s in stmts if s.doc_id == d for c in s.citations
-                     if c.char_start is not None] for d in docs}
         for f in detect_cross_conflicts(docs, spans, names):
             out.append(Sentence(text=f.text, citations=[f.a, f.b]))
     return [Block(kind="conflicts", title="Conflicts", sentences=out)] if out else []

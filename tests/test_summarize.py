@@ -237,9 +237,9 @@ def test_cli_json_export_and_errors(tmp_path):
     assert r.exit_code == 0, r.output
     value = json.loads(r.stdout)
     assert value["dropped_sentences"] == 0 and value["blocks"][0]["kind"] == "outline"
-    assert all(s["citations"] and all(c["verified"] for c in s["citations"])
+    assert all(s["citations"] and all(c["verified"] and c["href"] for c in s["citations"])
                for b in value["blocks"] for s in b["sentences"])
-    run_id = value["run_id"]
+    run_id = value["id"]
     for fmt in ("md", "html", "json"):
         r = CliRunner().invoke(app, ["export", run_id, "--format", fmt, "--db", db], env=env)
         assert r.exit_code == 0, r.output
