@@ -41,7 +41,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .citations import Citation, CitedSpan, find_quote, parse_citations, relocate, verify
+from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
 from .conflicts import detect_conflicts, detect_cross_conflicts, sentences
 from .document import Document, Segment
 from .query import content_words, stem
@@ -61,12 +61,13 @@ class LengthSpec:
     clusters: int  # at most this many topics per document (more for several documents)
     per_party: int  # obligations shown per party
     key_terms: int
+    outline: int  # top-level sections listed
 
 
 LENGTHS: dict[str, LengthSpec] = {
-    "brief": LengthSpec(candidates=8, per_segment=1, per_cluster=1, clusters=6, per_party=2, key_terms=4),
-    "standard": LengthSpec(candidates=10, per_segment=2, per_cluster=2, clusters=10, per_party=4, key_terms=8),
-    "detailed": LengthSpec(candidates=12, per_segment=3, per_cluster=3, clusters=16, per_party=8, key_terms=16),
+    "brief": LengthSpec(candidates=8, per_segment=1, per_cluster=1, clusters=6, per_party=2, key_terms=4, outline=8),
+    "standard": LengthSpec(candidates=10, per_segment=2, per_cluster=2, clusters=10, per_party=4, key_terms=8, outline=16),
+    "detailed": LengthSpec(candidates=12, per_segment=3, per_cluster=3, clusters=16, per_party=8, key_terms=16, outline=40),
 }
 
 MIN_UNIT_CHARS = 30
@@ -276,9 +277,14 @@ def _heading_lines(doc: Document) -> dict[int, int]:
             lines = doc.page(sec.page_start).lines
             if 1 <= sec.line_start <= len(lines):
                 ln = lines[sec.line_start - 1]
-                if ln.start == sec.char_start and normalize(ln.text) == normalize(
-                        " ".join(x for x in (sec.number, sec.title) if x)):
+                name = normalize(" ".join(x for x in (sec.number, sec.title) if x))
+                if ln.start != sec.char_start:
+                    continue
+                if normalize(ln.text) == name:
                     out[ln.start] = ln.end
+                elif sec.number and normalize(ln.text) == normalize(sec.number) and sec.line_start < len(lines) \
+                        and normalize(lines[sec.line_start].text) == normalize(sec.title):
+                    out[ln.start] = lines[sec.line_start].end  # "ARTICLE I" / "DEFINITIONS"
     return out
 
 
@@ -696,12 +702,15 @@ def outline(doc: Document, limit: int = 12) -> Block:
         p = doc.page(s.page_start)
         if not (1 <= s.line_start <= len(p.lines)):
             continue
-        ln = p.lines[s.line_start - 1]
-        heading = ln.text.strip()
-        hit = find_quote(doc, heading, ln.start, ln.end) if len(normalize(heading)) >= 12 else None
-        if hit is None:
+        # The heading's lines: a number alone on its line ("ARTICLE I") is cited with the
+        # title on the next.
+        end = s.line_start
+        while end < min(len(p.lines), s.line_start + 2) and normalize(s.title) not in normalize(
+                doc.lines_text(p.n, s.line_start, end)):
+            end += 1
+        c = cite_lines(doc, p.n, s.line_start, end)
+        if len(normalize(c.quote)) < MIN_QUOTE_CHARS:
             continue
-        c = relocate(doc, hit, quote=heading).model_copy(update={"relocated": False})
         name = " ".join(x for x in (s.number, s.title) if x)
         out.append(Sentence(text=name, citations=[c]))
     return Block(kind="outline", title=f"Outline of {doc.title or doc.path.rsplit('/', 1)[-1]}", doc_id=doc.doc_id,
@@ -728,7 +737,7 @@ def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec)
                             sentences=[Sentence(text=doc.text[a.char_start:a.char_end], citations=cites)
                                        for a in doc.anchors if a.type == "PAPER" and a.subtype == "TITLE"][:1]
                             if cites else []))
-    blocks.append(outline(doc))
+    blocks.append(outline(doc, spec.outline))
     if header:
         concl = [s for s in stmts if s.kind == "conclusion"] or [s for s in stmts if s.kind == "fact"]
         blocks.append(Block(kind="conclusions", title=f"Core conclusions of {name}", doc_id=doc.doc_id,
@@ -785,7 +794,14 @@ def conflict_blocks(docs: Mapping[str, Document], stmts: Sequence[Statement],
             where = f"{_section_name(doc, f.a.char_start or 0)} vs {_section_name(doc, f.b.char_start or 0)}"
             if len(docs) > 1:
                 where = f"{names[doc_id]}: {where}"
-            why = f.text.split("] ", 1)[1].replace(_SIDE_A, "one statement").replace(_SIDE_B, "another")
+            if (f.rule, f.a.char_start) in seen or (f.rule, f.b.char_start) in seen:
+                continue  # one finding per rule and sentence: the rest say the same of it
+            seen.update({(f.rule, f.a.char_start), (f.rule, f.b.char_start)})
+            why = f.text.split("] ", 1)[1]
+            first = min((i for i in (why.find(_SIDE_A), why.find(_SIDE_B)) if i >= 0), default=-1)
+            if first >= 0:  # whichever side the rule names first is "one statement"
+                why = why[:first] + "one statement" + why[first + 1:]
+            why = why.replace(_SIDE_A, "another").replace(_SIDE_B, "another")
             out.append(Sentence(text=f"[CONFLICT: {where}] {why}", citations=[f.a, f.b]))
     if len(docs) > 1:
         for f in detect_cross_conflicts(docs, spans, names):
@@ -802,8 +818,13 @@ def merge(docs: Mapping[str, Document], stmts: Sequence[Statement], clusters: Se
     blocks: list[Block] = []
     for doc_id, doc in docs.items():
         blocks += document_blocks(doc, [s for s in stmts if s.doc_id == doc_id], spec)
+    repeated = Counter(cs.title for cs in clusters)
     for cs in clusters:
-        blocks.append(Block(kind="topic", title=f"Topic: {cs.title}", sentences=cs.sentences))
+        title = cs.title
+        if repeated[title] > 1:  # several topics in one section: say what sets each apart
+            words = Counter(w for x in cs.sentences for w in set(content_words(x.text)) if len(w) > 3 and not w.isdigit())
+            title += " — " + ", ".join(w for w, _ in words.most_common(2))
+        blocks.append(Block(kind="topic", title=f"Topic: {title}", sentences=cs.sentences))
     blocks += conflict_blocks(docs, stmts, names)
     summary = Summary(doc_ids=list(docs), length=length, focus=focus, blocks=blocks, rejected=rejected,
                       dropped=sum(c.dropped for c in clusters))
