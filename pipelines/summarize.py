@@ -546,7 +546,7 @@ def cluster(statements: Sequence[Statement], docs: Mapping[str, Document], *, me
         groups_l[a] += groups_l[b]
         groups_l[b] = []
     out = [sorted(g) for g, ok in zip(groups_l, alive) if ok and g]
-    return sorted(out, key=lambda g: (statements[g[0]].doc_id != statements[0].doc_id, g[0]))
+    return sorted(out, key=lambda g: g[0])
 
 
 def cluster_title(members: Sequence[Statement], docs: Mapping[str, Document]) -> str:
