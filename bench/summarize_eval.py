@@ -90,6 +90,11 @@ def recheck(store, c) -> bool:
     return bool(c.quote.strip()) and normalize(c.quote) in normalize(text)
 
 
+def chance(cats: dict[str, set[int]], n_pages: int, cited: int) -> float:
+    """Categories a set of `cited` pages drawn at random would cover, on average."""
+    return sum(1 - math.comb(n_pages - len(g), cited) / math.comb(n_pages, cited) for g in cats.values())
+
+
 def coverage(cats: dict[str, set[int]], cites) -> tuple[int, list[str]]:
     pages = {c.page for c in cites}
     hit = [k for k, gp in cats.items() if gp & pages]
@@ -144,12 +149,11 @@ def cluster_eval(docs: dict, items: list[tuple[str, str, str]], embed) -> dict[s
     return out
 
 
-def excerpt(summary, kinds: tuple[str, ...], per_block: int, width: int = 220) -> list[str]:
+def excerpt(summary, kinds: tuple[str, ...], per_block: int, width: int = 220, max_blocks: int = 99) -> list[str]:
     multi = len(summary.doc_ids) > 1
     out = []
-    for b in summary.blocks:
-        if b.kind not in kinds:
-            continue
+    shown = [b for b in summary.blocks if b.kind in kinds]
+    for b in shown[:max_blocks]:
         out.append(f"**{b.title}**" if b.kind != "paper" else f"**{b.title}**")
         for s in b.sentences[:per_block]:
             text = s.text if len(s.text) <= width else s.text[: width - 1] + "…"
@@ -157,6 +161,8 @@ def excerpt(summary, kinds: tuple[str, ...], per_block: int, width: int = 220) -
         if len(b.sentences) > per_block:
             out.append(f"- … {len(b.sentences) - per_block} more")
         out.append("")
+    if len(shown) > max_blocks:
+        out += [f"… {len(shown) - max_blocks} more blocks", ""]
     return out
 
 
@@ -189,8 +195,9 @@ def main() -> int:
     gold = gold_pages()
     lines += ["## CUAD coverage per contract (same run)", "",
               "| contract | pages | answerable categories with a gold page | summary: covered | sentences | "
-              "distinct pages cited | baseline: covered | sentences | distinct pages cited | summary s | segments/s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "distinct pages cited | chance at those pages | baseline: covered | sentences | distinct pages cited | "
+              "chance at those pages | summary s | segments/s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     shown = rechecked = dropped = rejected = 0
     base_shown = base_ok = 0
     misses = {}
@@ -213,12 +220,15 @@ def main() -> int:
         rejected += summ.rejected
         st = summ.stats
         tot.update(cats=len(cats), cov=cov, bcov=bcov)
-        lines.append(f"| {Path(rel).stem[9:40]} | {len(docs[did].pages)} | {len(cats)} | {cov} ({cov / len(cats):.0%}) | "
-                     f"{len(summ.sentences())} | {len({c.page for c in cites})} | {bcov} ({bcov / len(cats):.0%}) | "
-                     f"{len(base.sentences())} | {len({c.page for c in base.citations()})} | {st['total_s']:.1f} | "
+        n_pages = len(docs[did].pages)
+        sp, bp = len({c.page for c in cites}), len({c.page for c in base.citations()})
+        tot.update(chance=chance(cats, n_pages, sp), bchance=chance(cats, n_pages, bp))
+        lines.append(f"| {Path(rel).stem[9:40]} | {n_pages} | {len(cats)} | {cov} ({cov / len(cats):.0%}) | "
+                     f"{len(summ.sentences())} | {sp} | {chance(cats, n_pages, sp):.1f} | {bcov} ({bcov / len(cats):.0%}) | "
+                     f"{len(base.sentences())} | {bp} | {chance(cats, n_pages, bp):.1f} | {st['total_s']:.1f} | "
                      f"{st['segments_per_s']:.2f} |")
-    lines.append(f"| **all three** | | {tot['cats']} | {tot['cov']} ({tot['cov'] / tot['cats']:.0%}) | | | "
-                 f"{tot['bcov']} ({tot['bcov'] / tot['cats']:.0%}) | | | | |")
+    lines.append(f"| **all three** | | {tot['cats']} | {tot['cov']} ({tot['cov'] / tot['cats']:.0%}) | | | {tot['chance']:.1f} | "
+                 f"{tot['bcov']} ({tot['bcov'] / tot['cats']:.0%}) | | | {tot['bchance']:.1f} | | |")
     lines += ["", "Categories the summary missed: " + "; ".join(f"{Path(r).stem[9:25]}: {', '.join(m) or '—'}"
                                                            for r, m in misses.items()), "",
               "## Faithfulness", "",
@@ -259,14 +269,14 @@ def main() -> int:
               f"({int(summ.stats['resumed_segments'])} of {int(summ.stats['segments'])} segments stored before).", ""]
     lines += excerpt(summ, ("obligations", "terms"), 3)
     lines += excerpt(summ, ("conflicts",), 40)
-    lines += excerpt(summ, ("topic",), 2)[:40]
+    lines += excerpt(summ, ("topic",), 2, max_blocks=8)
     run, summ = summarize(store, [ids[r] for r in RFCS], multi_settings)
     ok = sum(recheck(store, c) for c in summ.citations())
     lines += ["## RFC 9110 + RFC 9112 (standard)", "",
               f"Run `{run.id}`: {len(summ.sentences())} sentences, {len(summ.citations())} citations (element ids), "
               f"{ok} re-verified; dropped {summ.dropped}; {int(summ.stats['clusters'])} topics; "
               f"{summ.stats['total_s']:.1f} s.", ""]
-    lines += excerpt(summ, ("topic",), 2)[:45]
+    lines += excerpt(summ, ("topic",), 2, max_blocks=10)
     lines += excerpt(summ, ("conflicts",), 10)
     run, summ = summarize(store, [ids[PAPER]], multi_settings)
     ok = sum(recheck(store, c) for c in summ.citations())
@@ -274,7 +284,8 @@ def main() -> int:
               f"Run `{run.id}`: {len(summ.sentences())} sentences, {len(summ.citations())} citations, {ok} re-verified; "
               f"dropped {summ.dropped}; {summ.stats['total_s']:.1f} s.", ""]
     lines += excerpt(summ, ("paper", "conclusions"), 5)
-    lines += excerpt(summ, ("topic",), 2)[:20]
+    lines += excerpt(summ, ("outline",), 20)
+    lines += excerpt(summ, ("topic",), 2, max_blocks=6)
     lines.append(f"Total wall time of this evaluation: {time.perf_counter() - t0:.0f} s.")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -204,7 +204,7 @@ _FIGURE = re.compile(r"\$\s?\d|\b\d+(?:\.\d+)?\s?%|\(\d+\)\s+(?:days?|months?|ye
 _CONCLUSION = re.compile(r"\b(?:we (?:find|found|show|observe|demonstrate|conclude|propose|present|introduce)|"
                          r"our (?:results|findings|analysis|experiments)|results (?:show|indicate|suggest)|"
                          r"in this (?:paper|work)|this (?:paper|work) )", re.I)
-_BOILER = re.compile(r"\b(?:confidential treatment|redacted|\[\*+\]|page \d+ of \d+|in witness whereof|"
+_BOILER = re.compile(r"\b(?:confidential treatment|redacted|copyright|all rights reserved|\[\*+\]|page \d+ of \d+|in witness whereof|"
                      r"signature|by:\s*_+|name:|title:)", re.I)
 
 
