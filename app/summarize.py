@@ -38,7 +38,7 @@ from .errors import DocqaError
 from .store import Store
 
 # Bump when the map prompt or the statement rules change: old extractions stop matching.
-MAP_VERSION = 3
+MAP_VERSION = 4
 Progress = Callable[[int, int, str], None]  # (segments done, segments in all, what was just read)
 
 

@@ -332,8 +332,11 @@ def candidates(doc: Document, seg: Segment, n: int, focus: str | None = None) ->
 
 
 def cite_unit(doc: Document, u: Unit) -> Citation:
-    hit = find_quote(doc, u.text, u.start, u.end) or (u.start, u.end)
-    return relocate(doc, hit, quote=u.text).model_copy(update={"relocated": False})
+    """The unit's lines, quoting the source as written: its line breaks are kept, so a word
+    hyphenated across two lines verifies as the one word it is."""
+    raw = doc.text[u.start : u.end]
+    hit = find_quote(doc, raw, u.start, u.end) or (u.start, u.end)
+    return relocate(doc, hit, quote=raw).model_copy(update={"relocated": False})
 
 
 # -- classifying statements ----------------------------------------------------------------
@@ -722,7 +725,8 @@ def _sentence(s: Statement) -> Sentence:
 
 
 def _is_contract(doc: Document, stmts: Sequence[Statement]) -> bool:
-    return not paper_header(doc) and sum(s.kind == "obligation" for s in stmts) >= max(2, len(stmts) // 5)
+    """Parties that owe something: an obligation whose subject is a party the document names."""
+    return not paper_header(doc) and any(s.kind == "obligation" and s.party for s in stmts)
 
 
 def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec) -> list[Block]:
