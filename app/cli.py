@@ -390,6 +390,10 @@ from .review_cli import register as register_review_commands  # noqa: E402
 
 register_review_commands(app)
 
+from .summarize import register as register_summarize  # noqa: E402
+
+register_summarize(app)
+
 
 def main() -> None:
     app(prog_name="docqa")

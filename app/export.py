@@ -273,5 +273,94 @@ def to_html(report: Report, *, citations_per_row: int = 3) -> str:
 def export(store: Store, ref: str, fmt: Format) -> str:
     if fmt not in FORMATS:
         raise DocqaError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    summary = _summary_of(store, ref)
+    if summary is not None:
+        return {"md": summary_markdown, "html": summary_html, "json": summary_json}[fmt](summary_view(store, *summary))
     report = build_report(store, ref)
     return {"md": to_markdown, "html": to_html, "json": to_json}[fmt](report)
+
+
+# -- summaries (`docqa summarize`) -------------------------------------------------------
+# A summary is a run with its structure in `summaries`: blocks of sentences, each sentence
+# with its citations. Rendered from that structure, with every citation linked to the source.
+
+
+def _summary_of(store: Store, ref: str):
+    """(run, summary) when `ref` names a summary run, else None."""
+    from .summarize import get_summary
+
+    row = store.db.execute("SELECT r.id FROM runs r JOIN summaries s ON s.run_id = r.id WHERE r.id = ?"
+                           " UNION SELECT r.id FROM runs r JOIN summaries s ON s.run_id = r.id WHERE r.id LIKE ?"
+                           " LIMIT 2", [ref, ref + "%"]).fetchall()
+    if len(row) != 1:
+        return None
+    run = get_run(store, row[0][0])
+    return run, get_summary(store, run.id)
+
+
+def summary_view(store: Store, run: Run, summary) -> dict:
+    cache: dict = {}
+    docs = [{"doc_id": d, "path": store.info(d).path, "title": store.info(d).title} for d in summary.doc_ids]
+    blocks = [{"kind": b.kind, "title": b.title, "doc_id": b.doc_id,
+               "sentences": [{"text": s.text, "citations": [asdict(_view(store, c, cache)) for c in s.citations]}
+                             for s in b.sentences]} for b in summary.blocks]
+    return {"kind": "summary", "id": run.id, "title": run.question, "created_at": run.created_at, "model": run.model,
+            "length": summary.length, "focus": summary.focus, "documents": docs, "blocks": blocks,
+            "dropped_sentences": summary.dropped, "rejected_statements": summary.rejected, "stats": summary.stats}
+
+
+def summary_markdown(v: dict) -> str:
+    out = [f"# {_md_escape(v['title'])}", "", f"Run `{v['id']}` · {v['created_at']} · model "
+           f"{_md_escape(Path(v['model']).name) if v['model'] else 'none (evidence only)'}  ",
+           "Documents: " + "; ".join(f"`{d['doc_id']}` {_md_escape(d['title'] or Path(d['path']).name)}"
+                                     for d in v["documents"]) + "  ",
+           f"Every sentence cites verified lines; {v['dropped_sentences']} sentence(s) dropped without a citation.", ""]
+    for b in v["blocks"]:
+        out += [f"## {_md_escape(b['title'])}", ""]
+        for s in b["sentences"]:
+            links = " ".join(f"[{c['label']}]({c['href']})" if c["href"] else c["label"] for c in s["citations"])
+            out.append(f"- {_md_escape(s['text'])} {links} " + " ".join(f"`{c['marker']}`" for c in s["citations"]))
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+_SUMMARY_HTML = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ v.title }}</title>
+<style>
+body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d2330; margin: 2rem auto; max-width: 980px; padding: 0 1rem; }
+h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.1rem; margin: 1.6rem 0 .3rem; border-bottom: 2px solid #d9dee7; }
+.meta { color: #5b6475; font-size: .88rem; } li { margin-bottom: .45rem; }
+a.cite { font-size: .82rem; font-weight: 600; color: #1f5fbf; text-decoration: none; margin-left: .3rem; }
+.marker { font-family: ui-monospace, Menlo, monospace; font-size: .75rem; color: #6b7385; }
+details { display: inline; } summary { display: inline; cursor: pointer; color: #6b7385; font-size: .78rem; }
+blockquote { margin: .2rem 0; padding: .2rem .6rem; border-left: 3px solid #c7d2e3; background: #f8fafc; white-space: pre-wrap; font-size: .86rem; }
+.conflicts li { color: #9b1c1c; }
+</style>
+</head>
+<body>
+<h1>{{ v.title }}</h1>
+<div class="meta">run {{ v.id }} · {{ v.created_at }} · model {{ model }} · {{ v.dropped_sentences }} sentence(s) dropped without a citation</div>
+<div class="meta">{% for d in v.documents %}{{ d.doc_id }} {{ d.title or name(d.path) }}{% if not loop.last %} · {% endif %}{% endfor %}</div>
+{% for b in v.blocks %}
+<h2>{{ b.title }}</h2>
+<ul class="{{ b.kind }}">
+{% for s in b.sentences %}<li>{{ s.text }}{% for c in s.citations %} {% if c.href %}<a class="cite" href="{{ c.href }}">{{ c.label }}</a>{% else %}<b>{{ c.label }}</b>{% endif %} <span class="marker">{{ c.marker }}</span> <details><summary>quote</summary><blockquote>{{ c.quote | truncate(400) }}</blockquote></details>{% endfor %}</li>
+{% endfor %}</ul>
+{% endfor %}
+</body>
+</html>
+"""
+
+
+def summary_html(v: dict) -> str:
+    model = Path(v["model"]).name if v["model"] else "none (evidence only)"
+    return _ENV.from_string(_SUMMARY_HTML).render(v=v, model=model, name=lambda p: Path(p).name)
+
+
+def summary_json(v: dict) -> str:
+    return json.dumps(v, ensure_ascii=False, indent=2) + "\n"

@@ -261,7 +261,36 @@ def m005_map_results(db: Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs, m005_map_results]
+def m006_summaries(db: Database) -> None:
+    """`docqa summarize`: each segment's extraction and each cluster's summary as they are
+    made (keyed by a hash of model and settings, so a rerun resumes), and the finished
+    summary's structure beside its run."""
+    _run(
+        db,
+        [
+            """CREATE TABLE summary_segments (
+                settings_key TEXT NOT NULL,
+                doc_id TEXT NOT NULL REFERENCES documents(doc_id) ON DELETE CASCADE,
+                segment INTEGER NOT NULL,
+                extraction TEXT NOT NULL,
+                PRIMARY KEY (settings_key, doc_id, segment)
+            )""",
+            """CREATE TABLE summary_clusters (
+                settings_key TEXT NOT NULL,
+                cluster_key TEXT NOT NULL,
+                summary TEXT NOT NULL,
+                PRIMARY KEY (settings_key, cluster_key)
+            )""",
+            """CREATE TABLE summaries (
+                run_id TEXT PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+                summary TEXT NOT NULL
+            )""",
+        ],
+    )
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs, m005_map_results,
+                                                m006_summaries]
 
 
 def applied(db: Database) -> set[str]:

@@ -105,7 +105,8 @@ class HomeScreen(Screen):
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         key = event.row_key.value or ""
         if key.startswith("run:"):
-            self.app.push_screen(AnswerScreen(self.store, get_run(self.store, key[4:])))
+            run = get_run(self.store, key[4:])
+            self.app.push_screen(SummaryScreen(self.store, run) if run.kind == "summary" else AnswerScreen(self.store, run))
         elif key.startswith("page:"):
             _, doc_id, n = key.split(":")
             self.app.push_screen(PageScreen(self.store, doc_id, int(n)))
@@ -166,6 +167,54 @@ class AnswerScreen(Screen):
         row = self.store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
                                     [c.doc_id, c.section_id]).fetchone()
         return row[0] if row else 1
+
+
+class SummaryScreen(Screen):
+    """A summary (`docqa summarize`): its blocks, one line per sentence with its citations;
+    enter on a sentence opens the page with its first cited lines highlighted."""
+
+    BINDINGS = [Binding("escape", "app.pop_screen", "back"), Binding("q", "app.quit", "quit")]
+
+    def __init__(self, store: Store, run: Run):
+        from .summarize import get_summary
+
+        super().__init__()
+        self.store = store
+        self.shown_run = run
+        self.summary = get_summary(store, run.id)
+        self.rows: list[Citation | None] = []
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        options = []
+        multi = len(self.summary.doc_ids) > 1 if self.summary else False
+        for b in self.summary.blocks if self.summary else []:
+            options.append(Option(Text(b.title, style="bold underline"), id=f"s{len(self.rows)}", disabled=True))
+            self.rows.append(None)
+            for sent in b.sentences:
+                prompt = Text()
+                prompt.append("✓ ", style="green")
+                prompt.append(sent.text)
+                prompt.append(" " + " ".join(c.label(with_doc=multi) for c in sent.citations), style="dim")
+                options.append(Option(prompt, id=f"s{len(self.rows)}"))
+                self.rows.append(sent.citations[0])
+        yield OptionList(*options, id="sentences")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"{self.shown_run.question}  {self.shown_run.id}"
+        self.query_one("#sentences", OptionList).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        c = self.rows[int(event.option.id[1:])]
+        if c is None:
+            return
+        page = c.page
+        if page is None:
+            row = self.store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
+                                        [c.doc_id, c.section_id]).fetchone()
+            page = row[0] if row else 1
+        self.app.push_screen(PageScreen(self.store, c.doc_id, page, (c.line_start, c.line_end)))
 
 
 class PageScreen(Screen):
