@@ -17,7 +17,7 @@ from dataclasses import asdict
 from ..pipelines.mapreduce import Extraction, map_segment, reduce_extractions
 from ..pipelines.qa import Generate, evidence_citations
 from ..pipelines.retrieval import retrieve
-from .ask import AskSettings, Library, engine_generate, load_engine
+from .ask import AskSettings, Library, open_model
 from .runs import Run, save_run
 from .store import Store
 
@@ -50,9 +50,8 @@ def map_reduce(
     library = library or Library(store)
     docs, passages = library.load(refs)
     if generate is None:
-        engine = load_engine(settings.model, settings.device)
-        generate = engine_generate(engine, settings, None)
-        model_name = str(engine.checkpoint.path)
+        model = open_model(settings)
+        generate, model_name = model.generate, model.name
     key = run_key(question, list(docs), model_name, settings)
     done = _stored(store, key)
     todo = [(d, s) for d in docs.values() for s in d.segments]
