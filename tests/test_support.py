@@ -132,3 +132,37 @@ def test_supports_and_draft_survive_the_store(tmp_path):
     assert run.status == "not_found" and run.raw_answer == reply
     assert [(c.verified, c.supports) for c in run.draft_citations] == [(True, False)]
     assert all(c.supports is None for c in run.evidence)
+
+
+def test_export_shows_the_withheld_draft(tmp_path):
+    from docqa.app.export import export
+
+    store = Store(tmp_path / "d.db")
+    store.add_document(DOC)
+    reply = '"As of December 31, 2022, we had approximately 77,300 colleagues worldwide" [PAGE:1, LINE:2]'
+    ans = answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=True)
+    run = save_run(store, ans, doc_ids=[DOC.doc_id], model="scripted")
+    md = export(store, run.id, "md")
+    assert "Withheld draft" in md and "77,300 colleagues" in md and "(does not support)" in md
+    html = export(store, run.id, "html")
+    assert "withheld draft" in html and "77,300 colleagues" in html
+    data = json.loads(export(store, run.id, "json"))
+    row = data["documents"][0]["rows"][0]
+    assert row["draft"] == reply and row["draft_citations"][0]["supports"] is False
+
+
+def test_show_draft_prints_the_draft_and_why(tmp_path, capsys):
+    from docqa.app.cli import print_run
+
+    store = Store(tmp_path / "d.db")
+    store.add_document(DOC)
+    reply = '"As of December 31, 2022, we had approximately 77,300 colleagues worldwide" [PAGE:1, LINE:2]'
+    run = save_run(store, answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=True),
+                   doc_ids=[DOC.doc_id], model="scripted")
+    print_run(run)
+    plain = capsys.readouterr().out
+    assert plain.startswith("Not found in the document") and "withheld draft" not in plain and "evidence:" in plain
+    print_run(run, show_draft=True)
+    shown = capsys.readouterr().out
+    assert "withheld draft" in shown and "77,300 colleagues" in shown
+    assert "verified, does NOT support (does not mention the subject) [PAGE:1, LINE:2]" in shown
