@@ -146,3 +146,19 @@ def test_docqa_model_environment_names_the_server(server, ingested):
                                  "--max-tokens", "32"], env={"DOCQA_MODEL": f"openai:{server.url}#smollm2-test"})
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["model"] == f"openai:{server.url}#smollm2-test"
+
+
+def test_review_through_docqa_serve(server, ingested, tmp_path):
+    pdf, db = ingested
+    checklist = tmp_path / "one.yaml"
+    checklist.write_text("name: one\ndescription: one item\nitems:\n  - id: law\n    question: Which law governs?\n"
+                         "    type: text\n")
+    r = CliRunner().invoke(app, ["review", str(pdf), "--checklist", str(checklist), "--db", str(db), "--json",
+                                 "--max-tokens", "32", "--model", f"openai:{server.url}#smollm2-test"])
+    assert r.exit_code == 0, r.output
+    from docqa.app.runs import list_runs
+    from docqa.app.store import Store
+
+    with Store(db) as store:
+        (run,) = [x for x in list_runs(store) if x.kind == "review"]
+    assert run.model == f"openai:{server.url}#smollm2-test" and run.item_id == "law"
