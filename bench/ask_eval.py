@@ -210,24 +210,40 @@ def cuad_rows(path: Path) -> list[dict]:
     return out
 
 
+# Numeric questions about the filings that none of them answers (checked by hand: none of these
+# businesses reports such a figure), so that "unanswerable answered" is measured on filings too.
+UNANSWERABLE_FILING_QUESTIONS = [
+    ("pdf/filing_AMERICANEXPRESS_2022_10K.pdf", "How many aircraft did American Express own at the end of 2022?"),
+    ("pdf/filing_PEPSICO_2022_10K.pdf", "What was PepsiCo's revenue from cloud computing services in FY2022?"),
+    ("pdf/filing_BESTBUY_2023_10K.pdf", "How much did Best Buy spend on satellite launches in fiscal 2023?"),
+    ("pdf/filing_CORNING_2022_10K.pdf", "How many retail coffee shops did Corning operate in 2022?"),
+    ("pdf/filing_BLOCK_2020_10K.pdf", "What was Block's revenue from oil and gas production in 2020?"),
+]
+
+
 def financebench(args) -> int:
-    """Ask every FinanceBench question with the support check off; rows keep the raw answers."""
+    """Ask every FinanceBench question (and the unanswerable ones above) with the support check
+    off; rows keep the raw answers. Questions already in the rows file are not asked again."""
     store = Store(args.db)
     gold = [json.loads(line) for line in open(CORPUS / "qa" / "financebench_dev.jsonl")]
+    gold += [dict(doc_file=f, question=q, answer="", evidence_pages_1based=[], unanswerable=True)
+             for f, q in UNANSWERABLE_FILING_QUESTIONS]
+    out = Path(args.out or "/tmp/ask_financebench.md")
+    rows = [json.loads(line) for line in out.with_suffix(".jsonl").open()] if out.with_suffix(".jsonl").exists() else []
+    gold = [g for g in gold if g["question"] not in {r["question"] for r in rows}]
     ids = _ingest(store, [g["doc_file"] for g in gold])
     lib = Library(store)
     settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text, subject_check=False)
-    rows = []
     for i, g in enumerate(gold, 1):
         t = time.perf_counter()
         run = ask(store, [ids[g["doc_file"]]], g["question"], settings, library=lib)
         rows.append(dict(corpus="financebench", doc=g["doc_file"], question=g["question"], raw_answer=run.raw_answer or "",
-                         answerable=True, numeric=need_of(g["question"]).numeric, gold_pages=g["evidence_pages_1based"],
+                         answerable=not g.get("unanswerable"), numeric=need_of(g["question"]).numeric, gold_pages=g["evidence_pages_1based"],
                          gold_answer=g["answer"], status=run.status, wall=time.perf_counter() - t,
                          evidence_hit=bool(set(g["evidence_pages_1based"]) & {c.page for c in run.evidence}),
                          model=run.model))
         print(f"[{i}/{len(gold)}] {run.status:<12} {rows[-1]['wall']:5.1f}s {g['question'][:70]}", file=sys.stderr, flush=True)
-    out = Path(args.out or "/tmp/ask_financebench.md")
+        out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # a kill keeps what is done
     out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"rows: {out.with_suffix('.jsonl')}")
     return 0
