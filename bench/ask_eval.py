@@ -254,7 +254,15 @@ def support_main(args) -> int:
     store = Store(args.db)
     ids = _ingest(store, [r["doc"] for r in rows])
     judged = judge_rows(rows, store, Library(store), ids)
-    text = "\n".join(support_table(judged)) + "\n"
+    detail = ["", "Filings, per question (shown: the answer is shown; wrong: shown and not right):", "",
+              "| question | numeric | " + " | ".join(RULES) + " |", "| --- | --- | " + "--- | " * len(RULES)]
+    for r in judged:
+        if r["corpus"] != "financebench":
+            continue
+        cells = [("wrong" if r[n]["wrong"] else "right") if r[n]["shown"] else "withheld" for n in RULES]
+        q = r["question"][:80].replace("|", "/") + ("" if r["answerable"] else " (unanswerable)")
+        detail.append(f"| {q} | {'yes' if r['numeric'] else ''} | " + " | ".join(cells) + " |")
+    text = "\n".join(support_table(judged) + detail) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)

@@ -25,7 +25,8 @@ from .document import Document
 from .passages import Passage
 from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
-from .support import _AFFIXES, Need, answer_figure_quoted, for_documents, need_of, subject_words, why_not  # noqa: F401
+from .support import (_AFFIXES, Need, answer_figure_quoted, for_documents, header_years, need_of,  # noqa: F401
+                      subject_words, why_not)
 from .textnorm import normalize
 
 Generate = Callable[[list[dict[str, str]]], str]
@@ -195,6 +196,9 @@ def judge(c: Citation, doc: Document, need: Need) -> Citation:
     """A verified citation with its `supports` verdict (and, when it does not, why)."""
     page = doc.locate(c.char_start).page if c.char_start is not None else c.page
     lines = doc.lines_text(page, c.line_start, c.line_end) if page else c.quote
+    if page and need.years:  # a table row's years head its columns, up to 40 lines above it
+        above = doc.page(page).lines[max(0, c.line_start - 41):c.line_start - 1]
+        lines = header_years([ln.text for ln in above]) + "\n" + lines
     why = why_not(c.quote, lines, need)
     return c.model_copy(update={"supports": why is None, "note": f"does not support the answer: {why}" if why else c.note})
 

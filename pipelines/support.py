@@ -9,9 +9,11 @@ also judged here, mechanically, on what it says:
   thesaurus says clauses on that subject are written with; words that occur on most pages of
   the document ("American Express" in its own 10-K) name the document, not the subject, and
   do not count;
-- for a numeric question ("how much / how many …", "what was X in YEAR"), it must hold a
-  figure of the kind asked for (an amount, a percentage, a count, a duration), and, where the
-  question names years, one of those years must be on the cited lines.
+- for a numeric question ("how much / how many …", "what was X in YEAR"), it must name the
+  figure asked for (the metric word and the word right before it: "restructuring costs",
+  not "cost of sales"), hold a figure of the kind asked for (an amount, a percentage, a
+  count, a duration), and, where the question names years, one of those years must be on
+  the cited lines or on the table header of years above them.
 
 An answer with no supporting citation is withheld ("Not found", with the evidence), and a
 free-text answer to a numeric question must state a figure that a supporting quote holds.
@@ -33,6 +35,8 @@ FigureKind = Literal["amount", "percent", "count", "duration"]
 
 # Prefixes that a hyphen splits off ("Non-Compete", "Post-Termination"): alone they name nothing.
 _AFFIXES = frozenset({"non", "anti", "post", "pre", "co", "sub", "self", "multi", "cross"})
+# Amount nouns that name no figure by themselves (stemmed): "costs", "expenses", "amount".
+_GENERIC_AMOUNTS = frozenset({"cost", "expens", "amount", "spend", "payment", "fee", "paid", "pay", "value"})
 # Words of a numeric question's framing ("how much has … changed"), not of its subject.
 _FRAMING = frozenset({"much", "many"})
 
@@ -79,6 +83,10 @@ class Need:
     subject: frozenset[str] | None  # stems; None: no subject test (a contract's title, parties, date)
     figure: FigureKind | None = None  # None: not a numeric question
     years: frozenset[int] = frozenset()
+    # The figure's name, stemmed: the metric word asked about and the word qualifying it
+    # ("restructuring costs", "tax rate"); a quote of another figure ("cost of sales") does
+    # not support. Empty: no metric word found, the subject test alone applies.
+    metric: frozenset[str] = frozenset()
 
     @property
     def numeric(self) -> bool:
@@ -142,25 +150,52 @@ def figure_asked(question: str) -> FigureKind | None:
     return "amount"
 
 
+def metric_words(question: str) -> frozenset[str]:
+    """The first metric word of a numeric question and the content word right before it,
+    stemmed: "restructuring costs", "effective tax rate" -> {tax, rate}, "total revenues"."""
+    q = normalize(analyze(question).text)
+    hits = [m for pat in (_AMOUNT_WORDS, _PERCENT_WORDS, _COUNT_WORDS) for m in pat.finditer(q)
+            if m.group() != "%" and not m.group().startswith(("how ", "number of"))]
+    if not hits:
+        return frozenset()
+    m = min(hits, key=lambda m: m.start())
+    before = [w for w in content_words(q[:m.start()]) if w not in _FRAMING and not _is_year(w)][-1:]
+    # Only a qualifier that sits right before the metric word ("…restructuring costs", not
+    # "how much did X generate in cash").
+    if before and not re.search(re.escape(before[0]) + r"\W{1,3}$", q[:m.start()]):
+        before = []
+    words = {stem(w) for w in content_words(m.group())}
+    # "restructuring costs" is written "restructuring and impairment charges": where a
+    # qualifier names the figure, a generic amount noun is not required beside it.
+    if before:
+        words = {w for w in words if w not in _GENERIC_AMOUNTS} | {stem(before[0])}
+    return frozenset(words)
+
+
 def need_of(question: str) -> Need:
-    return Need(subject=subject_words(question), figure=figure_asked(question), years=question_years(question))
+    figure = figure_asked(question)
+    return Need(subject=subject_words(question), figure=figure, years=question_years(question),
+                metric=metric_words(question) if figure and figure != "duration" else frozenset())
 
 
 def for_documents(need: Need, docs: Iterable[Document]) -> Need:
-    """`need` with the subject words that name the documents themselves dropped (a word on at
-    least half the pages of each document); kept whole if nothing would be left."""
-    if not need.subject:
+    """`need` with the subject and metric words that name the documents themselves dropped (a
+    word on at least half the pages of each document: "American Express", "Best Buy"); the
+    subject is kept whole if nothing would be left of it."""
+    if not need.subject and not need.metric:
         return need
     docs = [d for d in docs if len(d.pages) >= _MIN_PAGES]
     if not docs:
         return need
-    common = set(need.subject)
+    common = set(need.subject or ()) | set(need.metric)
     for doc in docs:
         pages = [normalize(doc.text[p.start:p.end]) for p in doc.pages]
         common = {w for w in common
                   if sum(bool(re.search(r"\b" + re.escape(w), t)) for t in pages) >= _COMMON_SHARE * len(pages)}
-    left = need.subject - common
-    return Need(subject=frozenset(left), figure=need.figure, years=need.years) if left else need
+    subject = need.subject
+    if subject and subject - common:
+        subject = frozenset(subject - common)
+    return Need(subject=subject, figure=need.figure, years=need.years, metric=frozenset(need.metric - common))
 
 
 @dataclass(frozen=True)
@@ -224,12 +259,24 @@ def mentions_year(text: str, years: frozenset[int]) -> bool:
     return False
 
 
+def header_years(lines: list[str]) -> str:
+    """The nearest line above a table row that is a header of years ("2022 2021 2020"), or "":
+    a statement row's figures sit under the years that head its columns."""
+    for text in reversed(lines):
+        years = re.findall(r"\b(?:19|20)\d{2}\b", text)
+        if len(years) >= 2 and len(re.sub(r"[^a-z]", "", text.lower())) <= 3 * len(years) + 12:
+            return text
+    return ""
+
+
 def why_not(quote: str, lines: str, need: Need) -> str | None:
     """None when `quote` (on the cited `lines`) supports an answer to the question; else the
     reason it does not, in a few words."""
     if need.subject is not None and not need.subject & {stem(w) for w in content_words(quote)}:
         return "does not mention the subject"
     if need.figure is not None:
+        if need.metric and not need.metric <= {stem(w) for w in content_words(quote)}:
+            return "does not name the figure asked for"
         if not has_figure(quote, need.figure):
             return f"holds no {need.figure}"
         if need.years and not mentions_year(lines, need.years):

@@ -166,3 +166,40 @@ def test_show_draft_prints_the_draft_and_why(tmp_path, capsys):
     shown = capsys.readouterr().out
     assert "withheld draft" in shown and "77,300 colleagues" in shown
     assert "verified, does NOT support (does not mention the subject) [PAGE:1, LINE:2]" in shown
+
+
+@pytest.mark.parametrize("question,metric", [
+    ("What is the quantity of restructuring costs directly outlined in PepsiCo's income statements for FY2022?",
+     {"restruc"}),
+    ("How much has the effective tax rate of Corning changed between FY2021 and FY2022?", {"tax", "rate"}),
+    ("How many employees did the company have at the end of fiscal 2021?", {"employ"}),
+    ("How many aircraft did the company own at the end of 2022?", set()),
+])
+def test_metric_named_by_a_numeric_question(question, metric):
+    assert need_of(question).metric == metric
+
+
+def test_a_figure_of_another_metric_does_not_support():
+    """PepsiCo's restructuring question answered by a 'Cost of sales' row (what the default
+    model quoted): the row has an amount and the year, but names another figure."""
+    need = need_of("What is the quantity of restructuring costs in PepsiCo's income statement for FY2022?")
+    row = "2022 2021 2020 Cost of sales $ — $ 1 $ 32"
+    assert not supports(row, row, need)
+    right = "Restructuring and impairment charges 2022: $411"
+    assert supports(right, right, need)
+
+
+def test_a_statement_row_takes_its_years_from_the_header_above():
+    page = ["CONSOLIDATED STATEMENTS OF INCOME", "Years Ended December 31, 2022 2021 2020",
+            "Net sales 14,189 14,082 11,303", "Effective tax rate 22.9% 20.2% 17.5%"]
+    doc = assemble([RawPage(lines=[RawLine(text=t) for t in page])], doc_id="c0000001", content_sha256="4" * 64,
+                   path="c.txt", type="text")
+    reply = '"Effective tax rate 22.9% 20.2% 17.5%" [PAGE:1, LINE:4]'
+    q = "How much has the effective tax rate changed between FY2021 and FY2022?"
+    ans = answer_question(q, {doc.doc_id: doc}, make_passages(doc), scripted(reply), support_check=True)
+    assert ans.status == "answered" and ans.citations[0].supports
+    # The same row under a header of other years names none of the years asked.
+    doc2 = assemble([RawPage(lines=[RawLine(text=t.replace("2022 2021 2020", "2019 2018 2017")) for t in page])],
+                    doc_id="c0000002", content_sha256="5" * 64, path="c2.txt", type="text")
+    ans2 = answer_question(q, {doc2.doc_id: doc2}, make_passages(doc2), scripted(reply), support_check=True)
+    assert ans2.status == "not_found" and "years" in ans2.draft_citations[0].note
