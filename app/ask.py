@@ -2,11 +2,17 @@
 
 The CLI, the review job runner and the TUI all call `ask()`; the only difference between
 them is how tokens are shown (`on_token`) and which job a run belongs to.
+
+The model is the embedded engine (a checkpoint path, `DOCQA_MODEL`, else the default model) or
+an OpenAI-compatible server (`openai:http://HOST:PORT/v1#MODEL`, app/remote.py). A server
+gives only text, not its logits, so quote-constrained decoding cannot run there: its answer is
+free text, and the same verification and support check decide what is shown.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -14,10 +20,11 @@ from dataclasses import asdict, dataclass
 from ..pipelines.document import Document
 from ..pipelines.passages import Passage
 from ..pipelines.context import READ_ALL_PROMPT, document_for_model
-from ..pipelines.qa import Generate, answer_question, check_answer, evidence_citations, subject_words
+from ..pipelines.qa import Generate, answer_question, check_answer, evidence_citations
 from ..pipelines.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
 from ..pipelines.retrieval import retrieve
 from .errors import DocqaError
+from .remote import RemoteModel, is_remote
 from .runs import Run, save_run
 from .store import Store
 
@@ -27,7 +34,7 @@ ABSTAIN_MARGIN = 0.0
 
 @dataclass(frozen=True)
 class AskSettings:
-    model: str | None = None  # checkpoint path; None: DOCQA_MODEL, else the default model
+    model: str | None = None  # checkpoint path or openai:URL#MODEL; None: DOCQA_MODEL, else the default model
     evidence_only: bool = False
     passages: int = 8  # ranked passages offered to the context builder
     evidence: int = 5  # passages shown as evidence
@@ -48,8 +55,9 @@ class AskSettings:
     # Abstention (bench/results/ask.md). The model quotes only when its log-odds of opening a
     # quote over "Not found in the document." exceed `abstain_margin` (0: its bare preference).
     abstain_margin: float = ABSTAIN_MARGIN
-    # An answer none of whose verified quotes names the question's subject is withheld as
-    # "not found", with the evidence shown (pipelines.qa.on_subject).
+    # An answer none of whose verified quotes supports it (names the question's subject; for a
+    # numeric question, holds a figure of the kind and year asked) is withheld as "not found",
+    # with the evidence shown (pipelines/support.py).
     subject_check: bool = True
 
 
@@ -128,6 +136,45 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
     return generate
 
 
+def resolve_model(model: str | None) -> str | None:
+    """The model asked for: `--model`, else `DOCQA_MODEL`, else None (the default model)."""
+    return model or os.environ.get("DOCQA_MODEL") or None
+
+
+@dataclass
+class Model:
+    """A model ready to answer: a `Generate`, the name runs record, and what it can do."""
+
+    name: str
+    generate: Generate
+    count_tokens: Callable[[str], int] | None = None  # None: the context builder's estimate
+    engine: object | None = None  # the embedded engine; None for a model server
+    can_quote: bool = True  # quote-constrained decoding needs the model's logits
+
+
+def open_model(settings: AskSettings, on_token: Callable[[str], None] | None = None) -> Model:
+    """The embedded engine or a model server, as `settings.model` (or `DOCQA_MODEL`) names it."""
+    spec = resolve_model(settings.model)
+    if is_remote(spec):
+        remote = RemoteModel.parse(spec).resolved()
+        return Model(remote.name, remote_generate(remote, settings, on_token), can_quote=False)
+    engine = load_engine(spec, settings.device)
+    return Model(str(engine.checkpoint.path), engine_generate(engine, settings, on_token),
+                 lambda text: len(engine.tokenizer.encode(text, add_bos=False)), engine)
+
+
+def remote_generate(remote: RemoteModel, settings: AskSettings, on_token: Callable[[str], None] | None) -> Generate:
+    """A model server as a `Generate`: free text, streamed to `on_token`."""
+
+    def generate(messages: list[dict[str, str]], plan: QuotePlan | None = None) -> str:
+        if plan is not None:
+            raise DocqaError("a model server cannot decode under a quote plan (it sends text, not logits)")
+        return remote.chat(messages, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                           on_token=on_token)
+
+    return generate
+
+
 _SLOT = "\u0000QUESTION\u0000"
 
 
@@ -178,30 +225,28 @@ def ask(
     ranked = retrieve(query or question, docs, passages, fts=library.fts, page_fts=library.page_fts,
                       k=max(settings.passages, EVIDENCE_POOL))
     t1 = time.perf_counter()
-    generate = None
-    model_name = None
-    count_tokens = None
-    if not settings.evidence_only:
-        engine = load_engine(settings.model, settings.device)
-        model_name = str(engine.checkpoint.path)
-        generate = engine_generate(engine, settings, on_token)
-        count_tokens = lambda text: len(engine.tokenizer.encode(text, add_bos=False))  # noqa: E731
+    model = None if settings.evidence_only else open_model(settings, on_token)
+    generate = model.generate if model else None
+    model_name = model.name if model else None
     t2 = time.perf_counter()
-    kwargs = {"count_tokens": count_tokens} if count_tokens else {}
-    if settings.read_all and generate is not None:
+    kwargs = {"count_tokens": model.count_tokens} if model and model.count_tokens else {}
+    if settings.read_all and model is not None:
         if len(docs) != 1:
             raise DocqaError("--read-all reads one document; ask about several without it")
+        if model.engine is None:
+            raise DocqaError("--read-all needs the embedded engine (its per-document KV cache); "
+                             "a model server answers from retrieved passages")
         (doc,) = docs.values()
-        raw, engine_timings = read_all_answer(engine, doc, question, settings, on_token)
+        raw, engine_timings = read_all_answer(model.engine, doc, question, settings, on_token)
         evidence = evidence_citations(docs, ranked, settings.evidence)
-        answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence,
-                              subject=subject_words(question) if settings.subject_check else None)
+        answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence, withhold=settings.subject_check)
         answer.timings.update(engine_timings)
     else:
         answer = answer_question(
             question, docs, ranked, generate,
-            budget_tokens=settings.budget_tokens, evidence_k=settings.evidence, quote=settings.quote,
-            quote_from=settings.quote_from, read_k=settings.passages, subject_check=settings.subject_check, **kwargs,
+            budget_tokens=settings.budget_tokens, evidence_k=settings.evidence,
+            quote=settings.quote and (model is None or model.can_quote),
+            quote_from=settings.quote_from, read_k=settings.passages, support_check=settings.subject_check, **kwargs,
         )
     timings = dict(answer.timings, retrieve_s=t1 - t0, load_model_s=t2 - t1)
     result = getattr(generate, "result", None)

@@ -229,10 +229,15 @@ def ask(
     ],
     model: Annotated[
         Optional[str],
-        typer.Option("--model", help="GGUF file or HF checkpoint dir [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]"),
+        typer.Option("--model", help="GGUF file, HF checkpoint dir, or an OpenAI-compatible server as "
+                     "openai:http://HOST:PORT/v1#MODEL [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]"),
     ] = None,
     evidence_only: Annotated[
         bool, typer.Option("--evidence-only", help="No model: the ranked, cited passages only.")
+    ] = False,
+    show_draft: Annotated[
+        bool, typer.Option("--show-draft", help="When an answer is withheld (no citation supports it), show "
+                           "the model's draft and why each citation does not support it.")
     ] = False,
     read_all: Annotated[
         bool, typer.Option("--read-all", help="The engine reads the whole document (sparse attention; "
@@ -254,8 +259,9 @@ def ask(
                                       "'Not found in the document.' exceed this [default: see README]")
     ] = None,
     subject_check: Annotated[
-        bool, typer.Option("--subject-check/--no-subject-check", help="Withhold an answer whose quotes share no "
-                           "word with the question's subject (shown as not found, with the evidence).")
+        bool, typer.Option("--subject-check/--no-subject-check", help="Withhold an answer none of whose quotes "
+                           "supports it: names the question's subject and, for a numeric question, holds a figure "
+                           "of the kind and year asked (shown as not found, with the evidence).")
     ] = True,
     device: Annotated[
         Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")
@@ -266,10 +272,13 @@ def ask(
     """Answer a question about ingested documents, citing page and lines.
 
     Every citation in the answer is checked against the source: its quoted words must
-    appear on the lines it names (a quote found on other lines is re-pointed there). An
-    answer with no verifiable citation is not shown; the top evidence is shown instead.
+    appear on the lines it names (verified; a quote found on other lines is re-pointed
+    there), and it must answer the question (supports: names its subject; for "how much /
+    what was X in YEAR", holds a figure of that kind and year). An answer with no
+    supporting citation is shown as not found, with the top evidence.
 
     Example: docqa ask contract.pdf "What is the notice period for termination?"
+    Example: docqa ask 10k.pdf "What were total revenues in 2022?" --model openai:http://127.0.0.1:8080/v1
     """
     from .ask import AskSettings, ask as run_ask
 
@@ -302,7 +311,7 @@ def ask(
     if as_json:
         print_json(run_json(run))
     else:
-        print_run(run)
+        print_run(run, show_draft=show_draft)
 
 
 def _map_reduce(store, refs, question, settings):
@@ -325,6 +334,10 @@ def run_json(run) -> dict:
         "status": run.status,
         "citations": [c.model_dump(exclude={"char_start", "char_end"}) for c in cites],
         "evidence": [c.model_dump(exclude={"char_start", "char_end"}) for c in run.evidence],
+        # A withheld answer: what the model wrote and its citations, none supporting it.
+        "draft": ({"answer": run.raw_answer, "citations": [c.model_dump(exclude={"char_start", "char_end"})
+                                                           for c in run.draft_citations]}
+                  if run.draft_citations else None),
         "model": run.model,
         "timings": run.timings,
         "run_id": run.id,
@@ -332,22 +345,30 @@ def run_json(run) -> dict:
     }
 
 
-def print_run(run) -> None:
+def citation_line(c, *, multi: bool = False) -> str:
+    """One citation as the CLI shows it: verified (the words are on those lines) and supports
+    (the quote answers the question) as two separate verdicts."""
+    if not c.verified:
+        return f"UNVERIFIED {c.label(with_doc=multi)} ({c.note}), not shown as support"
+    moved = " (re-pointed: the model named other lines)" if c.relocated else ""
+    support = {True: "supports", False: "does NOT support", None: "support not judged"}[c.supports]
+    why = f" ({c.note.removeprefix('does not support the answer: ')})" if c.supports is False and c.note else ""
+    return f"verified, {support}{why} {c.label(with_doc=multi)}{moved}: \"{short(c.quote)}\""
+
+
+def print_run(run, *, show_draft: bool = False) -> None:
     multi = len(run.doc_ids) > 1
     if run.status == "answered":
         out.print(run.answer)
         out.print()
         out.print("citations:")
         for c in run.citations:
-            if c.verified:
-                note = " (re-pointed: the model named other lines)" if c.relocated else ""
-                out.print(f"  verified {c.label(with_doc=multi)}{note}: \"{short(c.quote)}\"")
-            else:
-                out.print(f"  UNVERIFIED {c.label(with_doc=multi)} ({c.note}), not shown as support")
-    elif run.status == "not_found" and "LINE:" in (run.raw_answer or ""):
-        # The subject check withheld quotes that verify but do not name what was asked.
-        out.print("Not found in the document: the model's quotes did not address the question, so "
-                  "none is shown as the answer (see the evidence below).")
+            out.print("  " + citation_line(c, multi=multi))
+    elif run.status == "not_found" and run.draft_citations:
+        # Withheld: the quotes verify, but none of them answers what was asked.
+        out.print("Not found in the document: no quote of the model's answer supports it (each is on its "
+                  "lines but does not answer the question); see the evidence below"
+                  + (" and the draft after it." if show_draft else " (--show-draft shows the draft)."))
     elif run.status == "not_found":
         out.print("Not found in the document (the model found no answer in the passages it read).")
     elif run.status == "unsupported":
@@ -357,6 +378,12 @@ def print_run(run) -> None:
         out.print("evidence:")
         for i, c in enumerate(run.evidence, 1):
             out.print(f"  {i}. {c.label(with_doc=multi)} {short(c.quote, 160)}")
+    if show_draft and run.draft_citations:
+        out.print()
+        out.print("withheld draft (not an answer):")
+        out.print(f"  {short(run.raw_answer or '', 400)}")
+        for c in run.draft_citations:
+            out.print("  " + citation_line(c, multi=multi))
     t = run.timings.get("total_s")
     out.file.flush()
     err.print(f"run {run.id}" + (f"  model {Path(run.model).name}" if run.model else "")
@@ -393,6 +420,11 @@ register_review_commands(app)
 from .summarize import register as register_summarize  # noqa: E402
 
 register_summarize(app)
+from .chat import register as register_chat  # noqa: E402
+from .serve import register as register_serve  # noqa: E402
+
+register_chat(app)
+register_serve(app)
 
 
 def main() -> None:

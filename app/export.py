@@ -41,6 +41,7 @@ class CitationView:
     section_id: str | None
     line_start: int
     line_end: int
+    supports: bool | None = None  # the quote answers the question (None: not judged)
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Row:
     model: str | None
     citations: list[CitationView] = field(default_factory=list)
     evidence: list[CitationView] = field(default_factory=list)
+    draft: str | None = None  # a withheld answer: what the model wrote, none of its citations supporting it
+    draft_citations: list[CitationView] = field(default_factory=list)
 
 
 @dataclass
@@ -106,7 +109,7 @@ def _view(store: Store, c: Citation, doc_cache: dict) -> CitationView:
     return CitationView(doc_id=c.doc_id, label=label, marker=c.label(),
                         href=source_href(path, doc_type, c) if path else None, quote=c.quote,
                         verified=c.verified, page=c.page, section_id=c.section_id,
-                        line_start=c.line_start, line_end=c.line_end)
+                        line_start=c.line_start, line_end=c.line_end, supports=c.supports)
 
 
 def _row(store: Store, run: Run | None, doc_cache: dict, *, item=None) -> Row:
@@ -121,6 +124,8 @@ def _row(store: Store, run: Run | None, doc_cache: dict, *, item=None) -> Row:
         kind=run.kind, status=run.status, answer=run.answer, run_id=run.id, model=run.model,
         citations=[_view(store, c, doc_cache) for c in shown],
         evidence=[_view(store, c, doc_cache) for c in run.evidence],
+        draft=run.raw_answer if run.draft_citations else None,
+        draft_citations=[_view(store, c, doc_cache) for c in run.draft_citations if c.verified],
     )
 
 
@@ -185,14 +190,17 @@ def to_markdown(report: Report) -> str:
             out += [head + _md_escape(r.question), "", f"Status: **{r.status}**", ""]
             if r.answer:
                 out += [_md_escape(r.answer), ""]
-            for title, cites in (("Citations", r.citations), ("Evidence", r.evidence)):
+            if r.draft:
+                out += ["Withheld draft (its quotes verify but none supports an answer):", "", _md_quote(r.draft), ""]
+            for title, cites in (("Citations", r.citations), ("Evidence", r.evidence),
+                                 ("Draft citations", r.draft_citations)):
                 if not cites:
                     continue
                 out += [f"{title}:", ""]
                 for c in cites:
                     link = f"[{c.label}]({c.href})" if c.href else c.label
-                    out += [f"- {link} `{c.marker}`{'' if c.verified else ' (UNVERIFIED)'}", "",
-                            _md_quote(c.quote), ""]
+                    flag = " (UNVERIFIED)" if not c.verified else " (does not support)" if c.supports is False else ""
+                    out += [f"- {link} `{c.marker}`{flag}", "", _md_quote(c.quote), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -244,10 +252,11 @@ blockquote { margin: .15rem 0 0; padding: .2rem .6rem; border-left: 3px solid #c
 <tr class="{{ 'conflict' if row.kind == 'conflict' and row.status == 'answered' else '' }}">
 <td class="item">{% if row.item_id %}<span class="id">{{ row.item_id }}{% if row.type %} · {{ row.type }}{% endif %}</span>{% endif %}{{ row.question }}</td>
 <td class="answer"><span class="badge {{ row.status }}">{{ row.status }}</span>
-{% if row.answer %}{{ row.answer }}{% elif row.status == 'evidence_only' %}<span class="muted">ranked evidence, no model</span>{% endif %}</td>
+{% if row.answer %}{{ row.answer }}{% elif row.status == 'evidence_only' %}<span class="muted">ranked evidence, no model</span>{% endif %}
+{% if row.draft %}<details><summary class="muted">withheld draft (no citation supports it)</summary>{{ row.draft }}{% for c in row.draft_citations %}<blockquote>{{ c.label }}: {{ c.quote | truncate(240) }}</blockquote>{% endfor %}</details>{% endif %}</td>
 <td><ul class="cites">
 {% for c in (row.citations or row.evidence)[:limit] %}
-<li>{% if c.href %}<a href="{{ c.href }}">{{ c.label }}</a>{% else %}<b>{{ c.label }}</b>{% endif %} <span class="marker">{{ c.marker }}</span>{% if not c.verified %} <span class="unverified">UNVERIFIED</span>{% endif %}
+<li>{% if c.href %}<a href="{{ c.href }}">{{ c.label }}</a>{% else %}<b>{{ c.label }}</b>{% endif %} <span class="marker">{{ c.marker }}</span>{% if not c.verified %} <span class="unverified">UNVERIFIED</span>{% elif c.supports == false %} <span class="unverified">does not support</span>{% endif %}
 <blockquote>{{ c.quote | truncate(360) }}</blockquote></li>
 {% endfor %}
 </ul></td>

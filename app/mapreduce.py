@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from ..pipelines.mapreduce import Extraction, map_segment, reduce_extractions
-from ..pipelines.qa import Generate, evidence_citations
+from ..pipelines.qa import Generate, evidence_citations, judge
+from ..pipelines.support import for_documents, need_of
 from ..pipelines.retrieval import retrieve
-from .ask import AskSettings, Library, engine_generate, load_engine
+from .ask import AskSettings, Library, open_model
 from .runs import Run, save_run
 from .store import Store
 
@@ -50,9 +51,8 @@ def map_reduce(
     library = library or Library(store)
     docs, passages = library.load(refs)
     if generate is None:
-        engine = load_engine(settings.model, settings.device)
-        generate = engine_generate(engine, settings, None)
-        model_name = str(engine.checkpoint.path)
+        model = open_model(settings)
+        generate, model_name = model.generate, model.name
     key = run_key(question, list(docs), model_name, settings)
     done = _stored(store, key)
     todo = [(d, s) for d in docs.values() for s in d.segments]
@@ -72,6 +72,10 @@ def map_reduce(
     ranked = retrieve(question, docs, passages, fts=library.fts, k=settings.evidence)
     extractions = [done[(d.doc_id, s.index)] for d, s in todo]
     answer = reduce_extractions(question, docs, extractions, evidence_citations(docs, ranked, settings.evidence))
+    # Each merged citation says whether it supports an answer; a list over the whole document
+    # is not withheld for the ones that do not.
+    need = for_documents(need_of(question), docs.values())
+    answer.citations = [judge(c, docs[c.doc_id], need) if c.verified else c for c in answer.citations]
     answer.timings.update(map_s=t1 - t0, segments=float(len(todo)), resumed_segments=float(resumed),
                           rejected_citations=float(sum(e.rejected for e in extractions)),
                           total_s=time.perf_counter() - t0)

@@ -289,8 +289,14 @@ def m006_summaries(db: Database) -> None:
     )
 
 
+def m007_citation_supports(db: Database) -> None:
+    """Whether each answer citation supports the answer (the quote answers the question),
+    beside whether it is verified (its words are on its lines); NULL where not judged."""
+    _run(db, ["ALTER TABLE citations ADD COLUMN supports INTEGER"])
+
+
 MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs, m005_map_results,
-                                                m006_summaries]
+                                                m006_summaries, m007_citation_supports]
 
 
 def applied(db: Database) -> set[str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..pipelines.conflicts import Finding, detect_conflicts
 from ..pipelines.qa import Answer, answer_question
-from .ask import AskSettings, Library, ask, engine_generate, load_engine
+from .ask import AskSettings, Library, ask, open_model
 from .checklist import Checklist, ChecklistItem
 from .errors import DocqaError
 from .executor import Executor, SerialExecutor
@@ -224,13 +224,13 @@ def _model_judgement(item, doc_id, docs, passages, runs, settings) -> dict:
     """Ask the model whether the two clauses conflict, over the passages both items cite."""
     spans = [s for r in runs.values() for s in _side_spans(r)]
     chosen = [p for p in passages if any(p.char_start < hi and p.char_end > lo for lo, hi in spans)]
-    engine = load_engine(settings.model, settings.device)
+    model = open_model(settings)
     question = (f"{item.question} Compare the clauses on '{item.compare[0]}' and '{item.compare[1]}'. "
                 "If they conflict, start with CONFLICT and quote both clauses with their citations; "
                 "otherwise say NO CONFLICT.")
-    answer = answer_question(question, {doc_id: docs[doc_id]}, chosen, engine_generate(engine, settings, None),
+    answer = answer_question(question, {doc_id: docs[doc_id]}, chosen, model.generate,
                              budget_tokens=settings.budget_tokens, evidence_k=0)
-    return {"answer": answer, "model": str(getattr(engine.checkpoint, "path", settings.model))}
+    return {"answer": answer, "model": model.name}
 
 
 # -- the job runner ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ from ..pipelines.qa import Answer
 from .errors import DocqaError
 from .store import Store
 
-ROLES = ("answer", "evidence")
+ROLES = ("answer", "evidence", "draft")  # draft: a withheld answer's citations
 
 
 class RunNotFound(DocqaError):
@@ -40,6 +40,7 @@ class Run(BaseModel):
     raw_answer: str | None
     citations: list[Citation] = Field(default_factory=list)
     evidence: list[Citation] = Field(default_factory=list)
+    draft_citations: list[Citation] = Field(default_factory=list)  # a withheld answer's (raw_answer's)
     timings: dict[str, float] = Field(default_factory=dict)
     created_at: str
     job_id: str | None = None
@@ -75,6 +76,7 @@ def save_run(
         raw_answer=answer.raw_answer,
         citations=answer.citations,
         evidence=answer.evidence,
+        draft_citations=answer.draft_citations,
         timings=answer.timings,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         job_id=job_id,
@@ -90,15 +92,15 @@ def save_run(
              json.dumps(run.timings), run.created_at, run.job_id, run.item_id],
         )
         rows = []
-        for role, cites in (("answer", run.citations), ("evidence", run.evidence)):
+        for role, cites in (("answer", run.citations), ("evidence", run.evidence), ("draft", run.draft_citations)):
             for i, c in enumerate(cites):
                 rows.append((run.id, i, role, c.doc_id, c.page, c.section_id, c.line_start,
                              c.line_end, c.quote, c.segment_id, int(c.verified), int(c.relocated),
-                             c.char_start, c.char_end, c.note))
+                             c.char_start, c.char_end, c.note, None if c.supports is None else int(c.supports)))
         db.conn.executemany(
             "INSERT INTO citations (run_id, ord, role, doc_id, page, section_id, line_start,"
-            " line_end, quote, segment_id, verified, relocated, char_start, char_end, note)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " line_end, quote, segment_id, verified, relocated, char_start, char_end, note, supports)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
     return run
@@ -112,6 +114,7 @@ def _citations(store: Store, run_id: str, role: str) -> list[Citation]:
         for k in ("run_id", "ord", "role"):
             r.pop(k)
         r["verified"], r["relocated"] = bool(r["verified"]), bool(r["relocated"])
+        r["supports"] = None if r["supports"] is None else bool(r["supports"])
         out.append(Citation(**r))
     return out
 
@@ -123,6 +126,7 @@ def _run(store: Store, r: dict) -> Run:
         **r,
         citations=_citations(store, r["id"], "answer"),
         evidence=_citations(store, r["id"], "evidence"),
+        draft_citations=_citations(store, r["id"], "draft"),
     )
 
 

@@ -126,7 +126,8 @@ class AnswerScreen(Screen):
         self.store = store
         self.shown_run = run
         shown = [c for c in run.citations if c.verified]
-        self.cites: list[tuple[str, Citation]] = [("cited", c) for c in shown] + [("evidence", c) for c in run.evidence]
+        self.cites: list[tuple[str, Citation]] = ([("cited", c) for c in shown] + [("evidence", c) for c in run.evidence]
+                                                  + [("draft", c) for c in run.draft_citations if c.verified])
 
     def answer_text(self) -> Text:
         r = self.shown_run
@@ -139,6 +140,9 @@ class AnswerScreen(Screen):
             t.append("\n" + r.answer)
         elif r.status == "evidence_only":
             t.append("\nNo model: the ranked evidence is below.", style="dim")
+        if r.draft_citations:  # withheld: its quotes verify, none supports an answer
+            t.append("\n\nWithheld draft (no citation supports it): ", style="dim")
+            t.append(_one_line(r.raw_answer or "", 400), style="dim")
         return t
 
     def compose(self) -> ComposeResult:
@@ -149,6 +153,8 @@ class AnswerScreen(Screen):
         for i, (role, c) in enumerate(self.cites):
             prompt = Text()
             prompt.append("✓ " if c.verified else "✗ ", style="green" if c.verified else "red")
+            if c.supports is False:  # verified (on its lines) but not an answer to the question
+                prompt.append("≠ ", style="yellow")
             prompt.append(f"{role:<8} {c.label()} ", style="bold")
             prompt.append(_one_line(c.quote, 200))
             options.append(Option(prompt, id=f"c{i}"))

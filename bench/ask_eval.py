@@ -8,6 +8,16 @@ Also asks one question of RFC 9110 (HTML: section-id citations) and times one qu
 the 115-page franchise agreement.
 
     .venv/bin/python bench/ask_eval.py --per-contract 8 --out bench/results/ask.md
+
+Verified vs supports (issue 16): `--financebench` asks the FinanceBench questions on the five
+filings with the support check off (everything that verifies is kept, so the raw answers hold
+what any rule could show) and writes their rows; `--support-table` re-judges stored raw answers
+— those rows, and a CUAD `--all` run's — under three rules and prints one table: wrong
+answers shown as supported, unanswerable questions answered, answerable ones withheld.
+
+    .venv/bin/python bench/ask_eval.py --financebench --out bench/results/ask_financebench.md
+    .venv/bin/python bench/ask_eval.py --support-table bench/results/ask_all_2026-11-30-s4.jsonl \
+        bench/results/ask_financebench.jsonl --out bench/results/support.md
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from pathlib import Path
 from docqa.app.ask import AskSettings, Library, ask
 from docqa.app.store import Store
 from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.qa import check_answer
+from docqa.pipelines.support import Need, figures, need_of, subject_words
 from docqa.pipelines.textnorm import normalize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +107,168 @@ def _statuses(rows) -> str:
     return ", ".join(out)
 
 
+# --- verified vs supports ------------------------------------------------------------------
+
+RULES = {
+    # Shown whenever a citation verifies: "verified" read as "answers the question".
+    "verified only": dict(withhold=False),
+    # The shipped rule before issue 16: a quote shares a subject or thesaurus word.
+    "before: subject words": dict(withhold=True, need="subject"),
+    # Issue 16: supports = subject (less the words naming the document) + figure kind and year.
+    "after: supports": dict(withhold=True),
+}
+
+
+def _ingest(store: Store, rels) -> dict[str, str]:
+    from docqa.app.errors import DocqaError
+
+    ids = {}
+    for rel in sorted(set(rels)):
+        try:  # ingested by an earlier run into the same --db
+            ids[rel] = store.resolve(str(CORPUS / rel))
+            continue
+        except DocqaError:
+            pass
+        print(f"ingesting {rel}", file=sys.stderr, flush=True)
+        doc = ingest_file(CORPUS / rel)
+        store.add_document(doc)
+        store.add_path(doc.doc_id, str(CORPUS / rel))
+        ids[rel] = doc.doc_id
+    return ids
+
+
+def _figure_values(text: str) -> set[float]:
+    return {f.value for f in figures(text) if f.kind != "duration"}
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 0.005 * max(abs(a), abs(b), 1e-9)
+
+
+def correct(row: dict, answer) -> bool:
+    """A shown answer is right when it cites a gold page — and, for a numeric question, states a
+    figure of the gold answer (within 0.5 %, so "$411 million" matches 411)."""
+    pages = {c.page for c in answer.citations if c.verified}
+    if row.get("numeric"):
+        shown = _figure_values(re.sub(r"\[[^\]]*\]", " ", answer.answer or ""))
+        return any(_close(a, b) for a in shown for b in _figure_values(row["gold_answer"]))
+    return bool(pages & set(row["gold_pages"]))
+
+
+def judge_rows(rows: list[dict], store: Store, lib: Library, ids: dict[str, str]) -> list[dict]:
+    """Each stored raw answer re-checked under every rule (no model run)."""
+    out = []
+    for r in rows:
+        did = ids[r["doc"]]
+        docs, passages = lib.load([did])
+        res = dict(corpus=r["corpus"], question=r["question"], answerable=r["answerable"], numeric=r["numeric"])
+        for name, rule in RULES.items():
+            need = Need(subject=subject_words(r["question"])) if rule.get("need") == "subject" else None
+            a = check_answer(r["question"], r["raw_answer"], docs, passages[did], [],
+                             withhold=rule["withhold"], need=need)
+            shown = a.status == "answered"
+            res[name] = dict(shown=shown, wrong=shown and (not r["answerable"] or not correct(r, a)))
+        out.append(res)
+    return out
+
+
+def support_table(judged: list[dict]) -> list[str]:
+    lines = ["| questions | rule | wrong answers shown as supported | unanswerable answered | answerable withheld "
+             "| right answers shown |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    groups = [("CUAD (3 contracts)", lambda r: r["corpus"] == "cuad"),
+              ("FinanceBench (5 filings)", lambda r: r["corpus"] == "financebench"),
+              ("FinanceBench, numeric questions", lambda r: r["corpus"] == "financebench" and r["numeric"])]
+    for label, keep in groups:
+        rows = [r for r in judged if keep(r)]
+        if not rows:
+            continue
+        ans = [r for r in rows if r["answerable"]]
+        una = [r for r in rows if not r["answerable"]]
+        for name in RULES:
+            wrong = sum(r[name]["wrong"] for r in ans)
+            answered = sum(r[name]["shown"] for r in una)
+            withheld = sum(not r[name]["shown"] for r in ans)
+            right = sum(r[name]["shown"] and not r[name]["wrong"] for r in ans)
+            lines.append(f"| {label} ({len(ans)} answerable / {len(una)} not) | {name} | {wrong}/{len(ans)} | "
+                         f"{answered}/{len(una)} | {withheld}/{len(ans)} | {right}/{len(ans)} |")
+    return lines
+
+
+def cuad_rows(path: Path) -> list[dict]:
+    gold = {(g["doc_file"], g["question"]): g for g in map(json.loads, open(CORPUS / "qa" / "cuad_gold_subset_3contracts.jsonl"))}
+    out = []
+    for r in map(json.loads, path.open()):
+        if "corpus" in r:  # already in this shape (a --financebench run)
+            out.append(r)
+            continue
+        g = gold[(r["doc"], r["question"])]
+        out.append(dict(corpus="cuad", doc=r["doc"], question=r["question"], raw_answer=r["raw_answer"],
+                        answerable=g["has_answer"], numeric=need_of(r["question"]).numeric,
+                        gold_pages=sorted({p for s in g["gold_spans"] for p in (s["pdf_pages_1based"] or [])}),
+                        gold_answer=" ".join(s.get("text", "") for s in g["gold_spans"])))
+    return out
+
+
+# Numeric questions about the filings that none of them answers (checked by hand: none of these
+# businesses reports such a figure), so that "unanswerable answered" is measured on filings too.
+UNANSWERABLE_FILING_QUESTIONS = [
+    ("pdf/filing_AMERICANEXPRESS_2022_10K.pdf", "How many aircraft did American Express own at the end of 2022?"),
+    ("pdf/filing_PEPSICO_2022_10K.pdf", "What was PepsiCo's revenue from cloud computing services in FY2022?"),
+    ("pdf/filing_BESTBUY_2023_10K.pdf", "How much did Best Buy spend on satellite launches in fiscal 2023?"),
+    ("pdf/filing_CORNING_2022_10K.pdf", "How many retail coffee shops did Corning operate in 2022?"),
+    ("pdf/filing_BLOCK_2020_10K.pdf", "What was Block's revenue from oil and gas production in 2020?"),
+]
+
+
+def financebench(args) -> int:
+    """Ask every FinanceBench question (and the unanswerable ones above) with the support check
+    off; rows keep the raw answers. Questions already in the rows file are not asked again."""
+    store = Store(args.db)
+    gold = [json.loads(line) for line in open(CORPUS / "qa" / "financebench_dev.jsonl")]
+    gold += [dict(doc_file=f, question=q, answer="", evidence_pages_1based=[], unanswerable=True)
+             for f, q in UNANSWERABLE_FILING_QUESTIONS]
+    out = Path(args.out or "/tmp/ask_financebench.md")
+    rows = [json.loads(line) for line in out.with_suffix(".jsonl").open()] if out.with_suffix(".jsonl").exists() else []
+    gold = [g for g in gold if g["question"] not in {r["question"] for r in rows}]
+    ids = _ingest(store, [g["doc_file"] for g in gold])
+    lib = Library(store)
+    settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text, subject_check=False)
+    for i, g in enumerate(gold, 1):
+        t = time.perf_counter()
+        run = ask(store, [ids[g["doc_file"]]], g["question"], settings, library=lib)
+        rows.append(dict(corpus="financebench", doc=g["doc_file"], question=g["question"], raw_answer=run.raw_answer or "",
+                         answerable=not g.get("unanswerable"), numeric=need_of(g["question"]).numeric, gold_pages=g["evidence_pages_1based"],
+                         gold_answer=g["answer"], status=run.status, wall=time.perf_counter() - t,
+                         evidence_hit=bool(set(g["evidence_pages_1based"]) & {c.page for c in run.evidence}),
+                         model=run.model))
+        print(f"[{i}/{len(gold)}] {run.status:<12} {rows[-1]['wall']:5.1f}s {g['question'][:70]}", file=sys.stderr, flush=True)
+        out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # a kill keeps what is done
+    out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"rows: {out.with_suffix('.jsonl')}")
+    return 0
+
+
+def support_main(args) -> int:
+    rows = [r for p in args.support_table for r in cuad_rows(Path(p))]
+    store = Store(args.db)
+    ids = _ingest(store, [r["doc"] for r in rows])
+    judged = judge_rows(rows, store, Library(store), ids)
+    detail = ["", "Filings, per question (shown: the answer is shown; wrong: shown and not right):", "",
+              "| question | numeric | " + " | ".join(RULES) + " |", "| --- | --- | " + "--- | " * len(RULES)]
+    for r in judged:
+        if r["corpus"] != "financebench":
+            continue
+        cells = [("wrong" if r[n]["wrong"] else "right") if r[n]["shown"] else "withheld" for n in RULES]
+        q = r["question"][:80].replace("|", "/") + ("" if r["answerable"] else " (unanswerable)")
+        detail.append(f"| {q} | {'yes' if r['numeric'] else ''} | " + " | ".join(cells) + " |")
+    text = "\n".join(support_table(judged) + detail) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-contract", type=int, default=8, help="questions per contract (half unanswerable when possible)")
@@ -108,9 +282,16 @@ def main() -> int:
     ap.add_argument("--abstain-margin", type=float, default=None, help="AskSettings.abstain_margin (default: the product's)")
     ap.add_argument("--all", action="store_true", help="every gold question instead of --per-contract's sample")
     ap.add_argument("--no-subject-check", action="store_true", help="keep answers whose quotes miss the subject")
+    ap.add_argument("--financebench", action="store_true", help="ask the FinanceBench questions; rows to --out's .jsonl")
+    ap.add_argument("--support-table", nargs="+", default=None, metavar="JSONL",
+                    help="re-judge stored raw answers under the verified / subject / supports rules")
     ap.add_argument("--margins-from", type=Path, default=None,
                     help="only print the margin table from the per-question rows (.jsonl) an earlier run wrote beside --out")
     args = ap.parse_args()
+    if args.financebench:
+        return financebench(args)
+    if args.support_table:
+        return support_main(args)
     if args.margins_from:
         print("\n".join(margin_check([json.loads(line) for line in args.margins_from.open()])))
         return 0

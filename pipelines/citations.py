@@ -37,7 +37,11 @@ class Citation(BaseModel):
     relocated: bool = False  # the quote was found, but not on the lines the model named
     char_start: int | None = None  # where the quote lies in Document.text, once verified
     char_end: int | None = None
-    note: str | None = None  # why a citation did not verify
+    note: str | None = None  # why a citation did not verify, or why it does not support the answer
+    # Whether the quote answers the question (pipelines/support.py): it names the subject and,
+    # for a numeric question, holds a figure of the kind and year asked. None: not judged
+    # (evidence passages, runs stored before the check existed).
+    supports: bool | None = None
 
     def label(self, *, with_doc: bool = False) -> str:
         """`[PAGE:p, LINE:a-b]` (or SECTION for HTML); `with_doc` names the document first,

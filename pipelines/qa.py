@@ -5,7 +5,9 @@ module stays a pure function of documents, passages and that function — and te
 it with a scripted model. Steps: build the context, generate, parse and verify citations,
 attach mechanical citations to answer sentences copied verbatim from the excerpts, and fall
 back to the ranked evidence when nothing verifies (SPEC §4: never an unsupported answer
-shown as supported).
+shown as supported). Each verified citation is also judged on whether it *supports* an
+answer (pipelines/support.py); an answer none of whose citations supports it is withheld
+as "Not found", its draft kept for audit (`raw_answer`, `draft_citations`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from .citations import Citation, cite_lines, find_quote, parse_citations, reloca
 from .context import BuiltContext, approx_tokens, build_context, chat_messages
 from .document import Document
 from .passages import Passage
-from .query import analyze, content_words, expand, quoted_phrases, stem
+from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
+from .support import (_AFFIXES, Need, answer_figure_quoted, for_documents, header_years, need_of,  # noqa: F401
+                      subject_words, why_not)
 from .textnorm import normalize
 
 Generate = Callable[[list[dict[str, str]]], str]
@@ -43,6 +47,8 @@ class Answer(BaseModel):
     answer: str | None  # the answer as shown, citations rewritten to their verified labels
     raw_answer: str | None = None  # what the model wrote, kept for audit
     citations: list[Citation] = Field(default_factory=list)
+    # A withheld answer's citations (verified, none supporting), shown with --show-draft.
+    draft_citations: list[Citation] = Field(default_factory=list)
     evidence: list[Citation] = Field(default_factory=list)  # ranked passages, verified
     context_tokens: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
@@ -99,34 +105,6 @@ def _mechanical_citations(answer: str, docs: Mapping[str, Document], passages: l
     return out
 
 
-# Prefixes that a hyphen splits off ("Non-Compete", "Post-Termination"): alone they name nothing.
-_AFFIXES = frozenset({"non", "anti", "post", "pre", "co", "sub", "self", "multi", "cross"})
-
-
-def subject_words(question: str) -> frozenset[str] | None:
-    """Stems of the words that name what `question` asks about: its quoted subject ("Non-
-    Compete"), else its content words, plus the words the thesaurus says clauses on that
-    subject are drafted with. None where no such test applies: questions about a contract's
-    title, parties or date are answered by its opening words, which need not name them."""
-    q = analyze(question)
-    quoted = quoted_phrases(q.text)
-    subject = " ".join(quoted) if quoted else q.text
-    # Judged on the subject alone: "other parties" in a description is not a question about
-    # who the parties are.
-    if analyze(subject).preamble:
-        return None
-    words = set(content_words(subject))
-    for phrase in expand(normalize(subject)):
-        words.update(content_words(phrase))
-    return frozenset(stem(w) for w in words - _AFFIXES) or None
-
-
-def on_subject(quote: str, subject: frozenset[str] | None) -> bool:
-    """Whether a quote names the subject at all: a clause that shares no word with what was
-    asked (nor with how such clauses are drafted) cannot be shown to answer it."""
-    return subject is None or bool(subject & {stem(w) for w in content_words(quote)})
-
-
 def answer_question(
     question: str,
     docs: Mapping[str, Document],
@@ -139,15 +117,15 @@ def answer_question(
     quote: bool = False,
     quote_from: int | None = None,
     read_k: int | None = None,
-    subject_check: bool = False,
+    support_check: bool = False,
 ) -> Answer:
     """Answer `question` from the ranked `passages` of `docs`; `generate=None` gives evidence only.
 
     `quote`: `generate` is a `QuoteGenerate`, and the answer is the quotes it chose, from the
     `quote_from` best-ranked passages of its context (None: any of them). `read_k`: the
     context is built from the first `read_k` passages only (None: all); evidence draws on all,
-    so it can show `evidence_k` distinct pages. `subject_check`: an answer none of whose
-    verified quotes names the question's subject (`on_subject`) is withheld as not found."""
+    so it can show `evidence_k` distinct pages. `support_check`: an answer none of whose
+    verified quotes supports it (`check_answer`) is withheld as not found."""
     t0 = time.perf_counter()
     evidence = evidence_citations(docs, passages, evidence_k)
     if generate is None:
@@ -161,8 +139,7 @@ def answer_question(
     quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
     raw = generate(messages, plan_for(quotable, with_doc=len(docs) > 1)) if quote else generate(messages)
     t2 = time.perf_counter()
-    answer = check_answer(question, raw, docs, ctx.passages, evidence,
-                          subject=subject_words(question) if subject_check else None)
+    answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check)
     answer.context_tokens = ctx.tokens
     answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1)
     return answer
@@ -170,13 +147,19 @@ def answer_question(
 
 def check_answer(
     question: str, raw: str, docs: Mapping[str, Document], read: list[Passage], evidence: list[Citation],
-    *, subject: frozenset[str] | None = None,
+    *, withhold: bool = True, need: Need | None = None,
 ) -> Answer:
     """Verify a model's answer: rewrite verified citations to their labels, mark the rest,
-    add mechanical citations for sentences copied from the passages the model `read`. With
-    `subject` (`subject_words`), an answer whose verified quotes all miss the subject is
-    "not found": the words are on the page, but nothing shows they answer the question."""
+    add mechanical citations for sentences copied from the passages the model `read`, and
+    judge whether each verified citation supports an answer to the question (`need`: what the
+    question needs, default `need_of(question)` for these documents).
+
+    With `withhold`, an answer with verified citations none of which supports it — or, to a
+    numeric question, one that states no figure a supporting quote holds — is "not found":
+    the words are on the page, but nothing shows they answer the question. Its citations move
+    to `draft_citations`, its text stays in `raw_answer`."""
     default_doc = next(iter(docs)) if len(docs) == 1 else None
+    need = need if need is not None else for_documents(need_of(question), docs.values())
     shown, citations = [], []
     pos = 0
     for span in parse_citations(raw):
@@ -193,17 +176,36 @@ def check_answer(
     text = "".join(shown).strip()
     if not any(c.verified for c in citations):
         citations += _mechanical_citations(raw, docs, read)
+    citations = [judge(c, docs[c.doc_id], need) if c.verified else c for c in citations]
     verified = [c for c in citations if c.verified]
+    supporting = [c.quote for c in citations if c.supports]
     common = dict(question=question, raw_answer=raw, citations=citations, evidence=evidence)
-    if verified and not any(on_subject(c.quote, subject) for c in verified):
-        # Withheld, not hidden: the model's answer stays in raw_answer for audit.
-        common.update(citations=[])
+    answers_figure = not need.numeric or answer_figure_quoted(text, supporting)
+    if withhold and verified and not (supporting and answers_figure):
+        # Withheld, not hidden: the draft stays in raw_answer and draft_citations.
+        common.update(citations=[], draft_citations=citations)
         return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
     if verified:
         return Answer(status="answered", answer=text, **common)
     if NOT_FOUND in normalize(raw):
         return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
     return Answer(status="unsupported", answer=None, **common)
+
+
+def judge(c: Citation, doc: Document, need: Need) -> Citation:
+    """A verified citation with its `supports` verdict (and, when it does not, why)."""
+    page = doc.locate(c.char_start).page if c.char_start is not None else c.page
+    lines = doc.lines_text(page, c.line_start, c.line_end) if page else c.quote
+    if page and need.years:  # a table row's years head its columns, up to 40 lines above it
+        above = doc.page(page).lines[max(0, c.line_start - 41):c.line_start - 1]
+        lines = header_years([ln.text for ln in above]) + "\n" + lines
+    why = why_not(c.quote, lines, need)
+    return c.model_copy(update={"supports": why is None, "note": f"does not support the answer: {why}" if why else c.note})
+
+
+def on_subject(quote: str, subject: frozenset[str] | None) -> bool:
+    """Whether a quote names the subject at all (kept for bench/abstention_rules.py)."""
+    return subject is None or bool(subject & {stem(w) for w in content_words(quote)})
 
 
 def segment_of(doc: Document, offset: int | None) -> int | None:

@@ -102,7 +102,7 @@ def test_a_verified_quote_that_misses_the_subject_is_not_an_answer():
     reply = '"governed by the laws of the State of New York" [PAGE:3, LINE:1-2]'
     plain = answer_question(NON_COMPETE, DOCS, PASSAGES, scripted(reply))
     assert plain.status == "answered"  # without the check: a confident, verified, wrong quote
-    ans = answer_question(NON_COMPETE, DOCS, PASSAGES, scripted(reply), subject_check=True)
+    ans = answer_question(NON_COMPETE, DOCS, PASSAGES, scripted(reply), support_check=True)
     assert ans.status == "not_found" and ans.answer == "Not found in the document."
     assert ans.citations == [] and ans.raw_answer == reply
     assert ans.evidence and all(c.verified for c in ans.evidence)
@@ -110,7 +110,7 @@ def test_a_verified_quote_that_misses_the_subject_is_not_an_answer():
 
 def test_a_quote_on_the_subject_is_kept():
     reply = '"Either party may terminate this Agreement for convenience" [PAGE:2, LINE:1-2]'
-    ans = answer_question(TERMINATION, DOCS, PASSAGES, scripted(reply), subject_check=True)
+    ans = answer_question(TERMINATION, DOCS, PASSAGES, scripted(reply), support_check=True)
     assert ans.status == "answered" and [c.page for c in ans.citations if c.verified] == [2]
     # Drafting words count for the subject: "without cause" clauses rarely say "convenience".
     assert on_subject("may end this Agreement without cause", subject_words(TERMINATION))
@@ -121,5 +121,5 @@ def test_questions_about_the_opening_words_are_not_subject_checked():
     q = ('Highlight the parts (if any) of this contract related to "Document Name" that should be '
          "reviewed by a lawyer. Details: The name of the contract")
     assert subject_words(q) is None
-    ans = answer_question(q, DOCS, PASSAGES, scripted('"SERVICES AGREEMENT" [PAGE:1, LINE:1]'), subject_check=True)
+    ans = answer_question(q, DOCS, PASSAGES, scripted('"SERVICES AGREEMENT" [PAGE:1, LINE:1]'), support_check=True)
     assert ans.status == "answered"

@@ -1,0 +1,285 @@
+"""`docqa serve`: the embedded engine as an OpenAI-compatible chat server.
+
+Endpoints: `GET /v1/models` and `POST /v1/chat/completions` (`stream: true` answers as
+server-sent events, `data: {chat.completion.chunk}` … `data: [DONE]`). Standard library only
+(`http.server`); bound to 127.0.0.1 unless told otherwise. Requests are served one at a time
+(one engine, one set of weights); `/v1/models` still answers while a completion runs.
+
+Prefix caching: a prompt longer than one KV segment is prefilled into the engine's sparse
+state through the per-document prefix cache (engine/prefix_cache.py), so a later prompt that
+starts with the same full segments — the same long document followed by another question —
+prefills only what follows them. The cache's hash chain commits to every token before a
+segment, so two prompts share KV only where their tokens agree. Shorter prompts run on the
+dense state, as `docqa ask` does.
+
+Sampling: greedy unless `temperature` > 0 (`top_p`, `seed` honoured); `stop` strings and
+`n` > 1 are not supported (a request asking for them is refused, not silently changed).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .clikit import cli_errors, err
+from .errors import DocqaError
+
+MAX_TOKENS_LIMIT = 8192
+# Doc key of served prompts in the prefix cache: clients send prompts, not documents; the
+# hash chain over the tokens keeps every prompt's KV its own.
+SERVE_KEY = "docqa-serve"
+
+
+class RequestError(Exception):
+    """A bad request: answered 400 with an OpenAI-style error body."""
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its answer was streaming."""
+
+
+@dataclass
+class Completion:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class ServedEngine:
+    """One engine behind a lock, with the prefix cache its long prompts go through."""
+
+    engine: object
+    name: str
+    prefix_cache: object | None = None  # PrefixCache; None: made on the first long prompt
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        from ..engine.chat import render_chat
+
+        tok = self.engine.tokenizer
+        text = render_chat(tok.chat_template, messages, bos_token=tok.token_text(tok.bos_id),
+                           eos_token=tok.token_text(tok.eos_id))
+        return tok.encode(text, add_bos=False)
+
+    def complete(self, messages: list[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None, on_delta=None) -> Completion:
+        ids = self.prompt_ids(messages)
+        with self.lock:
+            state, cached, cache = None, 0, None
+            if len(ids) > self._segment_size():
+                cache = self._cache()
+                state, cached = cache.get_state(SERVE_KEY, ids, capacity=len(ids) + max_tokens + 16)
+            result = self.engine.generate(
+                ids[cached:], max_new_tokens=max_tokens, state=state, temperature=temperature, top_p=top_p,
+                seed=seed, on_token=(lambda _id, delta: on_delta(delta) if delta else None) if on_delta else None)
+            if cache is not None:
+                cache.save(SERVE_KEY, ids, state)
+        return Completion(result.text, "stop" if result.stop_reason == "stop" else "length", len(ids),
+                          len(result.token_ids), cached)
+
+    def _segment_size(self) -> int:
+        from ..engine.settings import EngineSettings
+
+        return (self.prefix_cache.settings if self.prefix_cache is not None else EngineSettings()).segment_size
+
+    def _cache(self):
+        if self.prefix_cache is None:
+            self.prefix_cache = self.engine.prefix_cache  # the engine's own, shared with `ask --read-all`
+        return self.prefix_cache
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise RequestError("'messages' must be a non-empty list")
+    out = []
+    for m in msgs:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise RequestError("each message needs a role of system, user or assistant")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is understood
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if not isinstance(content, str):
+            raise RequestError("message content must be text")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _options(body: dict) -> dict:
+    if body.get("n", 1) != 1:
+        raise RequestError("only n=1 is supported")
+    if body.get("stop"):
+        raise RequestError("'stop' sequences are not supported; the model stops at its end-of-turn token")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 256
+    if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise RequestError(f"max_tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}")
+    try:
+        temperature = float(body.get("temperature") or 0.0)
+        top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
+    except (TypeError, ValueError):
+        raise RequestError("temperature and top_p must be numbers") from None
+    seed = body.get("seed")
+    return dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                seed=seed if isinstance(seed, int) else None)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: "Server"
+    server_version = "docqa-serve"
+
+    def log_message(self, format, *args):  # one line per request, only when asked for
+        if self.server.log:
+            self.server.log(f"{self.address_string()} {format % args}")
+
+    def _json(self, code: int, value: dict) -> None:
+        data = json.dumps(value).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, message: str, kind: str = "invalid_request_error") -> None:
+        self._json(code, {"error": {"message": message, "type": kind}})
+
+    def do_GET(self):
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            served = self.server.served
+            self._json(200, {"object": "list", "data": [
+                {"id": served.name, "object": "model", "created": self.server.started, "owned_by": "docqa"}]})
+        else:
+            self._error(404, f"no such endpoint: GET {self.path}", "not_found_error")
+
+    def do_POST(self):
+        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            return self._error(404, f"no such endpoint: POST {self.path}", "not_found_error")
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise RequestError("the request body must be a JSON object")
+            messages, options = _messages(body), _options(body)
+        except (ValueError, RequestError) as e:
+            return self._error(400, str(e) if isinstance(e, RequestError) else "the request body is not JSON")
+        cid = "chatcmpl-" + secrets.token_hex(12)
+        if body.get("stream"):
+            return self._stream(cid, messages, options)
+        try:
+            c = self.server.served.complete(messages, **options)
+        except Exception as e:  # the engine failed: the client gets an error, the server lives on
+            return self._error(500, f"generation failed: {e}", "server_error")
+        self._json(200, {
+            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": self.server.served.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                         "finish_reason": c.finish_reason}],
+            "usage": _usage(c),
+        })
+
+    def _stream(self, cid: str, messages, options) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": self.server.served.name}
+
+        def send(choice: dict, **extra) -> None:
+            try:
+                self.wfile.write(b"data: " + json.dumps(base | {"choices": [choice]} | extra).encode() + b"\n\n")
+                self.wfile.flush()
+            except OSError:
+                raise ClientGone() from None
+
+        try:
+            send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+            c = self.server.served.complete(
+                messages, **options, on_delta=lambda d: send({"index": 0, "delta": {"content": d}, "finish_reason": None}))
+            send({"index": 0, "delta": {}, "finish_reason": c.finish_reason}, usage=_usage(c))
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except ClientGone:
+            return
+        except Exception as e:  # headers are sent: the error travels as an event
+            try:
+                self.wfile.write(b"data: " + json.dumps({"error": {"message": f"generation failed: {e}",
+                                                                   "type": "server_error"}}).encode() + b"\n\n")
+            except OSError:
+                pass
+
+
+def _usage(c: Completion) -> dict:
+    return {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+            "total_tokens": c.prompt_tokens + c.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": c.cached_tokens}}
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, served: ServedEngine, host: str = "127.0.0.1", port: int = 0, log=None):
+        super().__init__((host, port), Handler)
+        self.served, self.log, self.started = served, log, int(time.time())
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+
+def make_server(model: str | None = None, *, device: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                log=None) -> Server:
+    """A server for the engine of `model` (a checkpoint; None: DOCQA_MODEL, else the default)."""
+    from .ask import load_engine, resolve_model
+    from .remote import is_remote
+
+    spec = resolve_model(model)
+    if is_remote(spec):
+        raise DocqaError("docqa serve serves the embedded engine; give it a checkpoint, not an openai: server")
+    engine = load_engine(spec, device)
+    try:
+        return Server(ServedEngine(engine, Path(str(engine.checkpoint.path)).name), host, port, log)
+    except OSError as e:
+        raise DocqaError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def register(app) -> None:
+    """Mount `docqa serve` on the CLI."""
+    
+    @app.command()
+    @cli_errors
+    def serve(
+        port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: any free one).")] = 8321,
+        host: Annotated[str, typer.Option("--host", help="Address to listen on; other machines can reach "
+                                          "anything but 127.0.0.1.")] = "127.0.0.1",
+        model: Annotated[Optional[str], typer.Option("--model", help="GGUF file or HF checkpoint dir "
+                                                     "[default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]")] = None,
+        device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto")] = None,
+        verbose: Annotated[bool, typer.Option("--verbose", help="Log each request on stderr.")] = False,
+    ) -> None:
+        """Serve the embedded engine as an OpenAI-compatible API (/v1/chat/completions, /v1/models).
+
+        Streams with "stream": true; long prompts that repeat a cached prefix prefill only the
+        rest. Stop with Ctrl-C.
+
+        Example: docqa serve --port 8321 & docqa ask contract.pdf "Which law governs?" --model openai:http://127.0.0.1:8321/v1
+        """
+        server = make_server(model, device=device, host=host, port=port,
+                             log=(lambda line: err.print(line)) if verbose else None)
+        err.print(f"serving {server.served.name} at {server.url} (Ctrl-C stops)")
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()

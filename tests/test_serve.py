@@ -1,0 +1,164 @@
+"""`docqa serve` and the OpenAI-compatible client, over localhost only: the server is started
+on a free 127.0.0.1 port inside the test and shut down after it.
+
+The reference for what the server returns is the engine itself: greedy text from
+`Engine.generate` on the same chat prompt must come back unchanged through HTTP, streamed or
+not; and `docqa ask --model openai:…` against it must show only citations that re-check
+against the sample contract's source lines."""
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from docqa.app.ask import load_engine
+from docqa.app.cli import app
+from docqa.app.remote import ModelServerError, RemoteModel
+from docqa.app.serve import ServedEngine, Server
+from docqa.fixtures.make_pdf import write_sample_contract_pdf
+from docqa.pipelines.textnorm import normalize
+
+MESSAGES = [{"role": "system", "content": "You answer in one short sentence."},
+            {"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return load_engine(None)
+
+
+@pytest.fixture(scope="module")
+def server(engine, tmp_path_factory):
+    from docqa.engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache.for_engine(engine, cache_dir=tmp_path_factory.mktemp("kv"))
+    srv = Server(ServedEngine(engine, "smollm2-test", cache), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=10)
+
+
+def _post(url, body, timeout=120):
+    req = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+def _reference(engine, messages, n):
+    ids = engine.chat_prompt(messages[-1]["content"], system=messages[0]["content"])
+    return engine.generate(ids, max_new_tokens=n).text, len(ids)
+
+
+def test_models_lists_the_served_engine(server):
+    assert RemoteModel.parse(f"openai:{server.url}").models() == ["smollm2-test"]
+    assert RemoteModel.parse(f"openai:{server.url}").resolved().model == "smollm2-test"
+
+
+def test_streamed_and_plain_completions_equal_the_engine(server, engine):
+    text, n_prompt = _reference(engine, MESSAGES, 24)
+    pieces = []
+    got = RemoteModel.parse(f"openai:{server.url}#smollm2-test").chat(MESSAGES, max_tokens=24, on_token=pieces.append)
+    assert got == text and len(pieces) > 1  # streamed in pieces, joined to the engine's text
+    plain = _post(server.url, {"model": "smollm2-test", "messages": MESSAGES, "max_tokens": 24})
+    assert plain["choices"][0]["message"]["content"] == text
+    assert plain["usage"]["prompt_tokens"] == n_prompt
+
+
+def test_bad_requests_are_refused_with_a_reason(server):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _post(server.url, {"messages": []})
+    assert e.value.code == 400 and "messages" in json.load(e.value)["error"]["message"]
+    with pytest.raises(ModelServerError, match="answered 400"):
+        RemoteModel(server.url, "x").chat([{"role": "tool", "content": "hi"}])
+
+
+@pytest.mark.slow  # two ~2.5K-token prefills through the sparse state: minutes on a loaded 2-core CPU
+def test_long_prompt_reuses_its_cached_prefix(server, engine):
+    """A second prompt with the same long start prefills only the part after its cached
+    segments, and answers as the first one would have without the cache."""
+    doc = " ".join(f"Clause {i}: the supplier shall deliver item {i} within {i % 30 + 1} days." for i in range(150))
+    first = [{"role": "user", "content": doc + "\n\nQuestion: when is item 7 delivered?"}]
+    second = [{"role": "user", "content": doc + "\n\nQuestion: when is item 9 delivered?"}]
+    n = len(server.served.prompt_ids(first))
+    assert n > 2048, n  # longer than one segment, or nothing is cached
+    a = _post(server.url, {"messages": first, "max_tokens": 6}, timeout=900)
+    b = _post(server.url, {"messages": second, "max_tokens": 6}, timeout=900)
+    assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= 2048
+    # The same second question on a fresh sparse state (no cache) gives the same text.
+    fresh = engine.generate(server.served.prompt_ids(second), max_new_tokens=6,
+                            state=server.served.prefix_cache.new_state())
+    assert b["choices"][0]["message"]["content"] == fresh.text
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ask")
+    pdf = write_sample_contract_pdf(tmp / "sample_contract.pdf")
+    db = tmp / "docqa.db"
+    r = CliRunner().invoke(app, ["ingest", str(pdf), "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    return pdf, db
+
+
+def test_ask_through_docqa_serve(server, ingested):
+    from docqa.app.store import Store
+
+    pdf, db = ingested
+    r = CliRunner().invoke(app, ["ask", str(pdf), "How long do the confidentiality obligations survive?",
+                                 "--db", str(db), "--json", "--max-tokens", "64", "--model", f"openai:{server.url}"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["model"] == f"openai:{server.url}#smollm2-test"
+    assert res["status"] in ("answered", "not_found", "unsupported") and res["evidence"]
+    doc = Store(db).get_document(res["evidence"][0]["doc_id"])
+    for c in res["citations"] + ((res["draft"] or {}).get("citations") or []):
+        if c["verified"]:  # on its lines, as the source PDF has them
+            assert c["supports"] in (True, False)
+            assert normalize(c["quote"]) in normalize(doc.lines_text(c["page"], c["line_start"], c["line_end"]))
+    if res["status"] == "answered":
+        assert any(c["supports"] for c in res["citations"])
+
+
+def test_server_down_is_one_line_error(ingested):
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pdf, db = ingested
+    r = CliRunner().invoke(app, ["ask", str(pdf), "Which law governs?", "--db", str(db),
+                                 "--model", f"openai:http://127.0.0.1:{port}/v1#m"], env={"DOCQA_DEBUG": "0"})
+    assert r.exit_code == 1
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "not reachable" in lines[0]
+
+
+def test_docqa_model_environment_names_the_server(server, ingested):
+    pdf, db = ingested
+    r = CliRunner().invoke(app, ["ask", str(pdf), "Which law governs?", "--db", str(db), "--json",
+                                 "--max-tokens", "32"], env={"DOCQA_MODEL": f"openai:{server.url}#smollm2-test"})
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["model"] == f"openai:{server.url}#smollm2-test"
+
+
+def test_review_through_docqa_serve(server, ingested, tmp_path):
+    pdf, db = ingested
+    checklist = tmp_path / "one.yaml"
+    checklist.write_text("name: one\ndescription: one item\nitems:\n  - id: law\n    question: Which law governs?\n"
+                         "    type: text\n")
+    r = CliRunner().invoke(app, ["review", str(pdf), "--checklist", str(checklist), "--db", str(db), "--json",
+                                 "--max-tokens", "32", "--model", f"openai:{server.url}#smollm2-test"])
+    assert r.exit_code == 0, r.output
+    from docqa.app.runs import list_runs
+    from docqa.app.store import Store
+
+    with Store(db) as store:
+        (run,) = [x for x in list_runs(store) if x.kind == "review"]
+    assert run.model == f"openai:{server.url}#smollm2-test" and run.item_id == "law"
