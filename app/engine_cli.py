@@ -35,6 +35,11 @@ def _load(model, device=None, dtype=None):
 
     from docqa.engine import Engine
 
+    import os
+
+    if (model or os.environ.get("DOCQA_MODEL") or "").startswith("openai:"):
+        raise typer.BadParameter("`docqa engine` runs the embedded engine; --model/DOCQA_MODEL names a model "
+                                 "server (openai:...): pass a GGUF file or HF directory with --model")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype is not None and dtype not in dtypes:
         raise typer.BadParameter(f"--dtype must be one of {', '.join(dtypes)}")
