@@ -33,11 +33,7 @@ except ImportError:  # pragma: no cover - older Triton
 
 
 LOG2E = 1.4426950408889634
-# Knobs the H200 bench times against each other (bench/gpu.py --variants); module-level so a
-# run can flip one without touching call sites.
-FAST_WHOLE_TILES = True  # attention skips the per-element mask on tiles every row sees whole
-# prefill (no key splits) through `_sparse_prefill_attn_kernel`'s three loops, not the one-list kernel
-PREFILL_LOOPS = True
+# Launch constants measured on the H200 (bench/results/archive/): constants, never reassigned.
 PREFILL_LAUNCH = {"num_warps": 8, "num_stages": 3}  # long chunks (>= 4096 rows); shorter: 4 warps, 2 stages
 PREFILL_BLOCK_M = 128  # query rows (query x GQA head) per prefill program in long chunks
 MAX_SPLITS = 32  # split-KV programs per (query tile, kv head) in decode
@@ -373,7 +369,7 @@ def _sparse_attn_kernel(
     sq_t, sq_h, sk_n, sk_h, sv_n, sv_h, sb_c, sb_h, so_t, so_h, sl_t, sel_chunk, far_k, far_v,
     NUM_SPLITS: tl.constexpr, HAS_TABLE: tl.constexpr, QOFF_PTR: tl.constexpr, HOST: tl.constexpr,
     BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    KV_FP8: tl.constexpr, FAST_WHOLE: tl.constexpr, PDL: tl.constexpr = False,
+    KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
 ):
     _dependent_launch(PDL)
     pid_m = tl.program_id(0)
@@ -409,13 +405,10 @@ def _sparse_attn_kernel(
         # before every row's window and past the sinks, or a window tile inside every row's window
         # and causal for all. Most tiles are such; the mask's compares and selects cost about as
         # much CUDA-core time per tile as the exponentials (prefill attention ran ~200 TFLOP/s).
-        if FAST_WHOLE:
-            whole = (j0 >= sink_tokens) & (
-                (is_sel & (blk >= 0) & (j0 + BLOCK - 1 <= p_lo - window))
-                | (is_win & (j0 > p_hi - window) & (j0 + BLOCK - 1 <= p_lo))
-            )
-        else:
-            whole = j0 < 0
+        whole = (j0 >= sink_tokens) & (
+            (is_sel & (blk >= 0) & (j0 + BLOCK - 1 <= p_lo - window))
+            | (is_win & (j0 > p_hi - window) & (j0 + BLOCK - 1 <= p_lo))
+        )
         koff = 0
         voff = 0
         if HAS_TABLE:
@@ -813,7 +806,8 @@ def fused_sparse_attention(
                 block_idx, block_table, hk, hv, sk, sv, n_sel, block_idx.stride(0), block_idx.stride(1),
                 hk.stride(0), hk.stride(1), BLOCK=block_size, D=d, BLOCK_D=triton.next_power_of_2(d), num_warps=4)
             host_mode, far_k, far_v = 2, _far_offset(k, sk), _far_offset(v, sv)
-    if num_splits == 1 and host_mode != 1 and PREFILL_LOOPS:
+    # prefill (no key splits, no in-place host reads) through the three-loop kernel
+    if num_splits == 1 and host_mode != 1:
         launch = dict(PREFILL_LAUNCH) if block_m == PREFILL_BLOCK_M else {"num_warps": 4, "num_stages": 2}
         _sparse_prefill_attn_kernel[(n_m, hkv)](
             q, k, v, block_idx, table, out, lse, qoff_t,
@@ -830,7 +824,7 @@ def fused_sparse_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk, far_k, far_v,
         NUM_SPLITS=num_splits, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor, HOST=host_mode,
-        BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8, FAST_WHOLE=FAST_WHOLE_TILES,
+        BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8,
         num_warps=8 if block_m == 128 else 4, num_stages=2, **_pdl(),
     )
     if num_splits > 1:

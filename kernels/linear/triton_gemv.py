@@ -24,10 +24,6 @@ _CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 64}, num_warps=1)] if interp
 ]
 
 
-# False: the RMSNorm scale is computed in a prologue pass over x first (the 2026-11-30 kernel),
-# kept so the bench can time one against the other in one run
-NORM_EPILOGUE = True
-
 # Programmatic dependent launch (Hopper): a GEMV is launched before its predecessor finishes and
 # waits (griddepcontrol.wait) before its first load, so launch latency and the predecessor's tail
 # overlap; each GEMV lets its successor launch once its weight loop is done. Off under the
@@ -46,12 +42,12 @@ def _pdl() -> dict:
 # cache_results: the chosen config is kept on disk with the compiled kernels, so a new process
 # (every `docqa ask`) does not re-time 22 configs per shape before its first decode step (~12 s
 # for an 8B model on the H200)
-@triton.autotune(configs=_CONFIGS, key=["N", "K", "HAS_NORM", "SWIGLU", "HAS_RES", "NORM_EPI"], cache_results=True)
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "HAS_NORM", "SWIGLU", "HAS_RES"], cache_results=True)
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, g_ptr, r_ptr, y_ptr,
     N, K, eps, sx, sw, sr, sy,
-    HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr, NORM_EPI: tl.constexpr,
+    HAS_NORM: tl.constexpr, SWIGLU: tl.constexpr, HAS_RES: tl.constexpr,
     PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if PDL:
@@ -65,12 +61,6 @@ def _gemv_kernel(
     # the same pass over x as the products, so W streams from the first iteration instead of
     # after a separate prologue pass over x
     ss = tl.zeros([BLOCK_K], tl.float32)
-    rstd0 = 1.0
-    if HAS_NORM and not NORM_EPI:
-        for k0 in range(0, K, BLOCK_K):
-            xv = tl.load(x_ptr + m * sx + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
-            ss += xv * xv
-        rstd0 = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     wrow = w_ptr + rows[:, None].to(tl.int64) * sw
@@ -78,10 +68,7 @@ def _gemv_kernel(
         kmask = k0 + kk < K
         xv = tl.load(x_ptr + m * sx + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
         if HAS_NORM:
-            if NORM_EPI:
-                ss += xv * xv
-            else:
-                xv = xv * rstd0
+            ss += xv * xv
             xv = xv * tl.load(g_ptr + k0 + kk, mask=kmask, other=0.0).to(tl.float32)
         lmask = rmask[:, None] & kmask[None, :]
         acc += tl.load(wrow + k0 + kk[None, :], mask=lmask, other=0.0).to(tl.float32) * xv[None, :]
@@ -91,7 +78,7 @@ def _gemv_kernel(
         gdc_launch_dependents()
     y = tl.sum(acc, axis=1)
     up = tl.sum(acc_up, axis=1)
-    if HAS_NORM and NORM_EPI:
+    if HAS_NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
         y = y * rstd
         up = up * rstd
@@ -135,7 +122,7 @@ def fused_gemv(
         _gemv_kernel[grid](
             x, w, g, res, out, n, k, eps, x.stride(0), w.stride(0), res.stride(0), out.stride(0),
             HAS_NORM=norm_weight is not None, SWIGLU=swiglu, HAS_RES=residual is not None,
-            NORM_EPI=NORM_EPILOGUE, PDL=GEMV_PDL, **_pdl(),
+            PDL=GEMV_PDL, **_pdl(),
         )
     return out
 
