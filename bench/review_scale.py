@@ -104,7 +104,7 @@ def main() -> None:
         "| mode | executor | items | wall s | items/s | vs serial | answers equal to serial |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {m} | {n} | {i} | {w:.1f} | {s:.2f} | {x:.2f}x | {eq} |" for m, n, i, w, s, x, eq in rows]
+    lines += [f"| {m} | {n} | {i} | {w:.1f} | {s:.3g} | {x:.2f}x | {eq} |" for m, n, i, w, s, x, eq in rows]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
 
