@@ -161,10 +161,12 @@ def show(
 
     Example: docqa show 3f2a9c01b7de --page 12 --json
     """
+    from ..pipelines.ocr import ocr_note
+
     with open_store(db) as store:
         if page is not None:
             doc_id, pg = store.get_page(doc, page)
-            _show_page(doc_id, pg, as_json)
+            _show_page(doc_id, pg, as_json, ocr_note(store.metadata(doc_id), page))
             return
         info = store.info(doc)
         if not (sections or anchors):
@@ -195,13 +197,13 @@ def show(
         out.print(table)
 
 
-def _show_page(doc_id: str, pg, as_json: bool) -> None:
+def _show_page(doc_id: str, pg, as_json: bool, ocr: str | None = None) -> None:
     if as_json:
-        print_json({"doc_id": doc_id, "page": pg.n, "label": pg.label,
+        print_json({"doc_id": doc_id, "page": pg.n, "label": pg.label, "ocr": ocr,
                     "lines": [{"n": ln.n, "text": ln.text, "role": ln.role} for ln in pg.lines]})
         return
     label = f" ({pg.label})" if pg.label else ""
-    err.print(f"{doc_id} page {pg.n}{label}: {len(pg.lines)} lines")
+    err.print(f"{doc_id} page {pg.n}{label}: {len(pg.lines)} lines" + (f" ({ocr})" if ocr else ""))
     width = len(str(len(pg.lines))) if pg.lines else 1
     for ln in pg.lines:
         mark = {"header": "h", "footer": "f"}.get(ln.role, " ")

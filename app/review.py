@@ -9,6 +9,16 @@ only what was in flight, and ends with every pair answered exactly once.
 
 Items run in two phases: the questions, then the `compare` items, which read the answers
 to their two items on the same document (`pipelines.conflicts`).
+
+Two ways to run an item, chosen by the executor (`Executor.shares_database`):
+- local workers (`run_item`) open the database by path, call `ask()` and store the run;
+- remote workers (Ray) never see the database. The driver reads what an item needs (its
+  document, and the passages retrieval ranks — retrieval stays on the driver because FTS5's
+  bm25 scores use statistics of the whole store, which no worker holds), ships it
+  (`prepare_item`), the worker generates and verifies the answer (`answer_item`), and the
+  driver writes the run and its `job_items` row in one transaction (`_store_answer`), as
+  the local path does. A worker lost mid-item only loses work not yet written; a driver
+  killed at any moment leaves whole runs only, and the job resumes like any other.
 """
 
 from __future__ import annotations
@@ -25,8 +35,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..pipelines.conflicts import Finding, detect_conflicts
+from ..pipelines.document import Document
+from ..pipelines.errors import IngestError
+from ..pipelines.ingest import Source, build
+from ..pipelines.passages import Passage
 from ..pipelines.qa import Answer, answer_question
-from .ask import AskSettings, Library, ask, open_model
+from ..pipelines.retrieval import retrieve
+from .ask import EVIDENCE_POOL, AskSettings, Library, ask, open_model
 from .checklist import Checklist, ChecklistItem
 from .errors import DocqaError
 from .executor import Executor, SerialExecutor
@@ -182,28 +197,31 @@ def _side_spans(run: Run) -> list[tuple[int, int]]:
     return [(c.char_start, c.char_end) for c in cites if c.char_start is not None and c.char_end is not None]
 
 
-def _run_compare(store: Store, library: Library, task: dict, item: ChecklistItem,
-                 settings: AskSettings) -> dict:
-    doc_id, job_id = task["doc_id"], task["job_id"]
-    a_id, b_id = item.compare
+def _compare_runs(store: Store, task: dict, item: ChecklistItem) -> dict[str, Run]:
+    """The stored answers to the two items a `compare` item reads, on the same document."""
     runs = {}
-    for ref in (a_id, b_id):
+    for ref in item.compare:
         row = store.db.execute(
             "SELECT run_id FROM job_items WHERE job_id = ? AND doc_id = ? AND item_id = ?",
-            [job_id, doc_id, ref],
+            [task["job_id"], task["doc_id"], ref],
         ).fetchone()
         if row is None:
-            raise JobError(f"{item.id}: item {ref!r} has no answer on {doc_id} yet")
+            raise JobError(f"{item.id}: item {ref!r} has no answer on {task['doc_id']} yet")
         runs[ref] = get_run(store, row[0])
-    docs, passages = library.load([doc_id])
-    doc = docs[doc_id]
+    return runs
+
+
+def _compare(item: ChecklistItem, doc: Document, passages: list[Passage], runs: dict[str, Run],
+             settings: AskSettings) -> tuple[Answer, str | None, int]:
+    """The conflict findings between two answered items, as an answer: (answer, model, findings)."""
+    a_id, b_id = item.compare
     findings: list[Finding] = detect_conflicts(doc, a_id, _side_spans(runs[a_id]), b_id, _side_spans(runs[b_id]))
     lines = [f"{f.text} {f.a.label()} / {f.b.label()}" for f in findings]
     citations = [c for f in findings for c in (f.a, f.b)]
     evidence = runs[a_id].evidence[:2] + runs[b_id].evidence[:2]
     model_name, raw = None, None
     if not settings.evidence_only:
-        judged = _model_judgement(item, doc_id, docs, passages[doc_id], runs, settings)
+        judged = _model_judgement(item, doc.doc_id, {doc.doc_id: doc}, passages, runs, settings)
         model_name, raw = judged["model"], judged["answer"].raw_answer
         if judged["answer"].status == "answered":
             lines.append(f"Model's judgement: {judged['answer'].answer}")
@@ -215,9 +233,124 @@ def _run_compare(store: Store, library: Library, task: dict, item: ChecklistItem
         text = f"No conflict found between {a_id} and {b_id} by the rules (see pipelines/conflicts.py)."
     answer = Answer(question=item.question, status=status, answer=text, raw_answer=raw,
                     citations=citations, evidence=evidence)
-    run = save_run(store, answer, doc_ids=[doc_id], model=model_name, settings=asdict(settings),
-                   kind="conflict", job_id=job_id, item_id=item.id)
-    return {"status": run.status, "run_id": run.id, "conflicts": len(findings)}
+    return answer, model_name, len(findings)
+
+
+def _run_compare(store: Store, library: Library, task: dict, item: ChecklistItem,
+                 settings: AskSettings) -> dict:
+    runs = _compare_runs(store, task, item)
+    docs, passages = library.load([task["doc_id"]])
+    answer, model_name, n = _compare(item, docs[task["doc_id"]], passages[task["doc_id"]], runs, settings)
+    run = save_run(store, answer, doc_ids=[task["doc_id"]], model=model_name, settings=asdict(settings),
+                   kind="conflict", job_id=task["job_id"], item_id=item.id)
+    return {"status": run.status, "run_id": run.id, "conflicts": n}
+
+
+# -- the same work split for workers without the database (Ray) -------------------------
+
+
+def prepare_item(store: Store, library: Library, task: dict, share: Callable = lambda v: v) -> dict:
+    """On the driver: what a worker needs to answer `task` without the database — its
+    document (through `share`, so one copy serves all its items), the ranked passages
+    (a question) or the two answers it compares (a `compare` item)."""
+    item = ChecklistItem.model_validate(task["item"])
+    settings = AskSettings(**task["settings"])
+    try:
+        docs, passages = library.load([task["doc_id"]])
+        payload = {"task": task, "doc": share(docs[task["doc_id"]])}
+        if item.compare is None:
+            # As `ask()` ranks for a question (retrieval with the item's hints as the query).
+            payload["ranked"] = retrieve(item.query(), docs, passages, fts=library.fts,
+                                         page_fts=library.page_fts,
+                                         k=max(settings.passages, EVIDENCE_POOL))
+        else:
+            payload["passages"] = passages[task["doc_id"]]
+            payload["runs"] = _compare_runs(store, task, item)
+        return payload
+    except DocqaError as e:
+        return {"task": task, "error": str(e)}
+
+
+def answer_item(payload: dict) -> dict:
+    """On a worker: the answer to one prepared item (nothing is stored here)."""
+    if "error" in payload:
+        return {"error": payload["error"]}
+    task, doc = payload["task"], payload["doc"]
+    item = ChecklistItem.model_validate(task["item"])
+    settings = AskSettings(**task["settings"])
+    try:
+        if item.compare is not None:
+            answer, model_name, n = _compare(item, doc, payload["passages"], payload["runs"], settings)
+            return {"answer": answer, "model": model_name, "conflicts": n, "kind": "conflict"}
+        t0 = time.perf_counter()
+        generate, model_name, kwargs, model = None, None, {}, None
+        if not settings.evidence_only:
+            model = open_model(settings)  # the engine is loaded once per worker process
+            model_name, generate = model.name, model.generate
+            if model.count_tokens:
+                kwargs["count_tokens"] = model.count_tokens
+        # The arguments `ask()` passes for a review item (read_all is never set by a job).
+        answer = answer_question(
+            item.question, {doc.doc_id: doc}, payload["ranked"], generate,
+            budget_tokens=settings.budget_tokens, evidence_k=settings.evidence,
+            quote=settings.quote and (model is None or model.can_quote),
+            quote_from=settings.quote_from, read_k=settings.passages, support_check=settings.subject_check,
+            **kwargs,
+        )
+        timings = dict(answer.timings)
+        result = getattr(generate, "result", None)
+        if result is not None:
+            timings.update(prefill_s=result.prefill_s, decode_s=result.decode_s,
+                           prompt_tokens=float(result.prompt_tokens),
+                           generated_tokens=float(len(result.token_ids)))
+        timings["total_s"] = time.perf_counter() - t0
+        answer = answer.model_copy(update={"timings": timings})
+        return {"answer": answer, "model": model_name, "conflicts": 0, "kind": "review"}
+    except DocqaError as e:
+        return {"error": str(e)}
+
+
+def _store_answer(store: Store, task: dict, out: dict) -> dict:
+    """On the driver: write a worker's answer; the run and its job_items row in one
+    transaction, and a pair already answered (a retried task) is kept as it was."""
+    try:
+        run = save_run(store, out["answer"], doc_ids=[task["doc_id"]], model=out["model"],
+                       settings=task["settings"], kind=out["kind"], job_id=task["job_id"],
+                       item_id=task["item"]["id"])
+    except sqlite3.IntegrityError as e:
+        if "job_items" not in str(e):
+            raise
+        return {"status": "duplicate", "run_id": None, "conflicts": 0}
+    return {"status": run.status, "run_id": run.id, "conflicts": out["conflicts"]}
+
+
+def _remote_results(store: Store, executor: Executor, tasks: list[dict]):
+    """(task, result) for each task, run on workers that do not share the database."""
+    library = Library(store)
+    share = getattr(executor, "share", lambda v: v)
+    handles: dict[str, object] = {}
+
+    def shared(doc: Document):
+        # One handle per document; tasks come document by document, so keep the latest only.
+        if doc.doc_id not in handles:
+            handles.clear()
+            handles[doc.doc_id] = share(doc)
+        return handles[doc.doc_id]
+
+    # A generator: the executor pulls the next item only when a worker has room, so items
+    # are prepared (retrieved) as they are needed, not all up front.
+    payloads = (prepare_item(store, library, t, shared) for t in tasks)
+    for payload, out in executor.map(answer_item, payloads):
+        task = payload["task"]
+        yield task, (out if "error" in out else _store_answer(store, task, out))
+
+
+def parse_source(source: Source) -> dict:
+    """On a worker: parse a loaded file (OCR included) into a document; the driver stores it."""
+    try:
+        return {"doc": build(source)}
+    except IngestError as e:
+        return {"error": str(e)}
 
 
 def _model_judgement(item, doc_id, docs, passages, runs, settings) -> dict:
@@ -280,7 +413,9 @@ def run_review(
                                        "error": "an item it compares failed"})
             else:
                 ready.append(t)
-        for task, result in executor.map(_safe_run_item, ready):
+        results = (executor.map(_safe_run_item, ready) if executor.shares_database
+                   else _remote_results(store, executor, ready))
+        for task, result in results:
             if "error" in result:
                 summary.failed.append({"doc_id": task["doc_id"], "item_id": task["item"]["id"],
                                        "error": result["error"]})

@@ -20,9 +20,11 @@ from .errors import DocqaError
 from .store import Store
 
 
-def _documents(store: Store, paths: list[Path]) -> list[tuple[str, str]]:
+def _documents(store: Store, paths: list[Path], executor=None, on_file=None) -> list[tuple[str, str]]:
     """(doc_id, path) for every PATH: files and folders are ingested if new; a PATH that is
-    not a file may name an ingested document (doc id or prefix)."""
+    not a file may name an ingested document (doc id or prefix). With an executor whose
+    workers do not share the database (Ray), new files are parsed on the workers and
+    stored here."""
     docs: list[tuple[str, str]] = []
     files = collect_files([p for p in paths if p.exists()])
     for p in paths:
@@ -32,6 +34,8 @@ def _documents(store: Store, paths: list[Path]) -> list[tuple[str, str]]:
             except DocqaError:
                 raise DocqaError(f"{p}: no such file, folder or ingested document") from None
             docs.append((did, store.info(did).path))
+    if executor is not None and not executor.shares_database:
+        return list(dict.fromkeys(docs + _ingest_remote(store, files, executor, on_file)))
     for f in files:
         try:
             r = ingest_one(store, f, config.max_file_bytes(), 2048)
@@ -42,13 +46,47 @@ def _documents(store: Store, paths: list[Path]) -> list[tuple[str, str]]:
     return list(dict.fromkeys(docs))
 
 
+def _ingest_remote(store: Store, files: list[Path], executor, on_file) -> list[tuple[str, str]]:
+    """Parse new files on the executor's workers (the file's bytes travel with the task, so
+    workers need no shared filesystem); store each document here as it comes back."""
+    from ..pipelines.ingest import load
+    from .review import parse_source
+
+    docs, new, order = [], [], {}
+    for f in files:
+        try:
+            source = load(f, max_bytes=config.max_file_bytes())
+        except IngestError as e:
+            error_line(str(e))
+            continue
+        order.setdefault(source.doc_id, len(order))
+        if store.has(source.doc_id):
+            store.add_path(source.doc_id, str(source.path))
+            docs.append((source.doc_id, str(source.path)))
+        else:
+            new.append(source)
+    if on_file:
+        on_file(None, len(new))
+    for source, out in executor.map(parse_source, new):
+        if "error" in out:
+            error_line(out["error"])
+        else:
+            store.add_document(out["doc"])
+            docs.append((source.doc_id, str(source.path)))
+        if on_file:
+            on_file(source, len(new))
+    return sorted(docs, key=lambda d: order[d[0]])  # as the files were named, not as parsed
+
+
 def review(
     paths: Annotated[list[Path], typer.Argument(help="Files or folders (ingested if new), or doc ids.", metavar="PATH...")],
     checklist: Annotated[str, typer.Option("--checklist", help="Checklist file (.yaml/.toml), or a built-in name: contract_review, spec_review.")],
     job: Annotated[Optional[str], typer.Option("--job", help="Job name; the same name resumes the job [default: from checklist, documents and mode].")] = None,
     evidence_only: Annotated[bool, typer.Option("--evidence-only", help="No model: each item's ranked, cited passages.")] = False,
     model: Annotated[Optional[str], typer.Option("--model", help="GGUF file or HF checkpoint dir [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]")] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Worker processes for --evidence-only jobs (a model runs in this process).")] = 1,
+    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Local: worker processes for --evidence-only jobs (a model runs in this process) [default: 1]. Ray: workers [default: one per GPU with a model, else one per CPU].")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="local (this machine) or ray (workers on a Ray cluster; the database stays here).")] = "local",
+    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster: auto (joins `ray start` here) or ray://HOST:PORT [default: a local cluster for this job].")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
     db: db_option = None,
     as_json: json_option = False,
@@ -60,31 +98,51 @@ def review(
     it answers only what is missing; no item is ever answered twice. Items with
     `compare: [a, b]` report [CONFLICT: a vs b] findings citing both clauses.
 
+    With --executor ray, workers (one model each) parse new files and answer items; this
+    process alone reads and writes the database. A lost worker's items are retried.
+
     Exit codes: 0 every item answered; 1 some items failed (run again to retry);
     3 no document to review.
 
     Example: docqa review contracts/ --checklist contract_review --job q3 --evidence-only
+
+    Example: docqa review contracts/ --checklist contract_review --executor ray --address auto
     """
     from .ask import AskSettings
     from .checklist import load_checklist
-    from .executor import local_executor
+    from .executor import RayExecutor, local_executor
     from .review import run_review
 
-    if workers > 1 and not evidence_only:
+    if executor not in ("local", "ray"):
+        raise typer.BadParameter("--executor is local or ray")
+    if address is not None and executor != "ray":
+        raise typer.BadParameter("--address applies to --executor ray")
+    if executor == "local" and (workers or 1) > 1 and not evidence_only:
         raise typer.BadParameter("--workers applies to --evidence-only jobs; a model runs in one process")
     cl = load_checklist(checklist)
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens)
-    with open_store(db) as store:
-        docs = _documents(store, paths)
-        if not docs:
-            error_line("no document to review")
-            raise typer.Exit(EXIT_NOTHING_INGESTED)
-        names = {d: Path(p).name for d, p in docs}
-        with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=err, transient=True, disable=not err.is_terminal,
-        ) as progress:
+    runner = (RayExecutor(address, workers, gpus=not evidence_only) if executor == "ray"
+              else local_executor(workers or 1))
+    with open_store(db) as store, Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+        console=err, transient=True, disable=not err.is_terminal,
+    ) as progress:
+        parse_bar = None
+
+        def on_file(source, total: int) -> None:
+            nonlocal parse_bar
+            if parse_bar is None:
+                parse_bar = progress.add_task("parse", total=total)
+            elif source is not None:
+                progress.update(parse_bar, advance=1, description=f"parse {short(source.path.name, 24)}")
+
+        try:
+            docs = _documents(store, paths, runner, on_file)
+            if not docs:
+                error_line("no document to review")
+                raise typer.Exit(EXIT_NOTHING_INGESTED)
+            names = {d: Path(p).name for d, p in docs}
             bar = progress.add_task("review", total=None)
 
             def on_start(total: int, done: int) -> None:
@@ -97,7 +155,10 @@ def review(
                     error_line(f"{name}: {task['item']['id']}: {result['error']}")
 
             summary = run_review(store, cl, docs, job_id=job, settings=settings,
-                                 executor=local_executor(workers), on_start=on_start, on_done=on_done)
+                                 executor=runner, on_start=on_start, on_done=on_done)
+        finally:
+            getattr(runner, "close", lambda: None)()
+        progress.stop()
         if as_json:
             print_json(summary.as_json())
         else:

