@@ -254,12 +254,13 @@ class Engine:
         t1 = time.perf_counter()
         stream = TextStream(self.tokenizer)
         emit = (lambda tok: on_token(tok, stream.push(tok))) if on_token is not None else None
+        take = _Output(max_new_tokens, stops, emit)
+        greedy = temperature == 0 and choose is None  # only the argmax of each step is used
         if self.triton:
-            out, reason = self._decode_triton(state, token, max_new_tokens, stops, emit,
-                                              None if (temperature == 0 and choose is None) else pick)
+            self._decode_triton(state, token, take, None if greedy else pick)
         else:
-            out, reason = self._decode_torch(state, token, max_new_tokens, stops, emit, pick,
-                                             greedy=temperature == 0 and choose is None)
+            self._decode_torch(state, token, take, pick, greedy)
+        out, reason = take.out, take.reason
         t2 = time.perf_counter()
         thinking, text = split_thinking(out, self.tokenizer)
         return GenerationResult(text, out, len(ids), t1 - t0, t2 - t1, reason, thinking)
@@ -291,74 +292,67 @@ class Engine:
         }
         return result, timings
 
-    def _decode_torch(self, state, token, max_new_tokens, stops, emit, pick, greedy):
-        out: list[int] = []
-        while True:
-            if token in stops:
-                return out, "stop"
-            out.append(token)
-            if emit:
-                emit(token)
-            if len(out) >= max_new_tokens:
-                return out, "length"
+    def _decode_torch(self, state, token, take: "_Output", pick, greedy: bool) -> None:
+        while not take(token):
             logits = self.model(torch.tensor([token], dtype=torch.long, device=self.device), state,
                                 last_only=True, argmax_only=greedy)[-1]
-            token = pick(logits, out)
+            token = pick(logits, take.out)
 
-    def _decode_triton(self, state, token, max_new_tokens, stops, emit, pick):
+    def _decode_triton(self, state, token, take: "_Output", pick) -> None:
         """The CUDA-graphed decode step (eager under the interpreter). Greedy decoding keeps the
         tokens on the device and reads them back every GREEDY_SYNC_EVERY steps (the steps after a
         stop token are computed and dropped); a chooser or sampler reads each step's logits."""
         n0 = state.num_tokens
-        if max_new_tokens <= 1 or token in stops:  # nothing to decode: no graph to capture
-            out = [] if token in stops else [token]
-            if emit and out:
-                emit(token)
-            return out, "stop" if token in stops else "length"
+        if take(token):  # nothing to decode: no graph to capture
+            return
         if state.table is not None:  # tiered: the rows this decode appends to are mapped on the GPU
-            state.prepare(n0, min(n0 + max_new_tokens + GREEDY_SYNC_EVERY, state.capacity))
+            state.prepare(n0, min(n0 + take.max_new + GREEDY_SYNC_EVERY, state.capacity))
         g = state.decode_graph
         if g is None:
             g = state.decode_graph = _capture_decode(self.model, state)
         g.reset(n0, token)
-        out: list[int] = []
-        reason = "length"
         if pick is None:
-            pending = [token]  # generated, not yet checked
             buf = torch.empty(GREEDY_SYNC_EVERY, dtype=torch.long, device=self.device)
-            while reason == "length" and len(out) < max_new_tokens:
-                steps = min(GREEDY_SYNC_EVERY, max_new_tokens - len(out) - len(pending))
+            done = False
+            while not done:
+                steps = min(GREEDY_SYNC_EVERY, take.max_new - len(take.out))
                 with torch.inference_mode():
                     for i in range(steps):
                         g.step()
                         buf[i].copy_(g.tok[0])
-                pending += buf[:steps].tolist()
-                for tok in pending:
-                    if tok in stops:
-                        reason = "stop"
-                        break
-                    out.append(tok)
-                    if emit:
-                        emit(tok)
-                    if len(out) >= max_new_tokens:
-                        break
-                pending = []
+                done = any(take(tok) for tok in buf[:steps].tolist())
         else:
             while True:
-                if token in stops:
-                    reason = "stop"
-                    break
-                out.append(token)
-                if emit:
-                    emit(token)
-                if len(out) >= max_new_tokens:
-                    break
                 g.step()
-                token = pick(g.logits[0].float().clone(), out)  # the buffer is the next step's too
+                token = pick(g.logits[0].float().clone(), take.out)  # the buffer is the next step's too
                 g.tok.fill_(token)
+                if take(token):
+                    break
         # every token fed to the model holds KV: all of `out` after a stop, all but the last otherwise
-        state.num_tokens = n0 + (len(out) if reason == "stop" else max(len(out) - 1, 0))
-        return out, reason
+        state.num_tokens = n0 + (len(take.out) if take.reason == "stop" else len(take.out) - 1)
+
+
+class _Output:
+    """The generated tokens as they are accepted: a stop token ends generation (and is not
+    kept), so does the max_new-th token. Calling it with a token says whether generation is over."""
+
+    def __init__(self, max_new: int, stops: set[int], emit):
+        self.max_new, self.stops, self.emit = max_new, stops, emit
+        self.out: list[int] = []
+        self.reason: str | None = None
+
+    def __call__(self, token: int) -> bool:
+        if self.reason is not None:
+            return True
+        if token in self.stops:
+            self.reason = "stop"
+            return True
+        self.out.append(token)
+        if self.emit:
+            self.emit(token)
+        if len(self.out) >= self.max_new:
+            self.reason = "length"
+        return self.reason is not None
 
 
 def _capture_decode(decoder, state):
