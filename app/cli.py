@@ -130,16 +130,9 @@ def docs(db: db_option = None, as_json: json_option = False) -> None:
     if not infos:
         err.print("no documents yet; add some with `docqa ingest PATH`")
         return
-    table = Table(box=None, header_style="bold")
-    for col, justify in [("doc id", "left"), ("type", "left"), ("pages", "right"),
-                         ("sections", "right"), ("anchors", "right"), ("segments", "right"),
-                         ("title / file", "left")]:
-        table.add_column(col, justify=justify)
-    for i in infos:
-        name = i.title or Path(i.path).name
-        table.add_row(i.doc_id, i.type, str(i.pages), str(i.sections), str(i.anchors),
-                      str(i.segments), Text(name))
-    out.print(table)
+    from .tables import docs_table
+
+    out.print(docs_table(infos))
 
 
 @app.command()
@@ -389,6 +382,9 @@ def runs(
 from .review_cli import register as register_review_commands  # noqa: E402
 
 register_review_commands(app)
+from .docs_cli import register as register_docs_commands  # noqa: E402
+
+register_docs_commands(app)
 
 
 def main() -> None:
