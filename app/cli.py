@@ -326,6 +326,8 @@ def run_json(run) -> dict:
 
 
 def print_run(run) -> None:
+    from ..pipelines.query import preview
+
     multi = len(run.doc_ids) > 1
     if run.status == "answered":
         out.print(run.answer)
@@ -349,7 +351,7 @@ def print_run(run) -> None:
         out.print()
         out.print("evidence:")
         for i, c in enumerate(run.evidence, 1):
-            out.print(f"  {i}. {c.label(with_doc=multi)} {short(c.quote, 160)}")
+            out.print(f"  {i}. {c.label(with_doc=multi)} {preview(c.quote, run.question, 160)}")
     t = run.timings.get("total_s")
     out.file.flush()
     err.print(f"run {run.id}" + (f"  model {Path(run.model).name}" if run.model else "")

@@ -106,8 +106,8 @@ _YEAR = re.compile(r"(?<![\d,.$])(?:fy|fiscal(?: year)?\s*)?'?((?:19|20)\d\d)(?!
 _FY_SHORT = re.compile(r"\bfy\s?'?(\d\d)\b")
 _NUMERIC_ASK = re.compile(
     r"\b(how much|how many|what (?:was|were|is|are) (?:the )?(?:total |net |amount|value|number)|amount of|"
-    r"number of|how (?:large|big|high|low)|what percentage|percent|ratio|rate|margin|growth|change[ds]?|"
-    r"increase|decrease|total)\b")
+    r"number of|how (?:large|big|high|low)|what percentage|percent|ratios?|rates?|margins?|growth|grow|"
+    r"trend|change[ds]?|increase[ds]?|decrease[ds]?|improv\w*|declin\w*|fluctuat\w*|consistent|total)\b")
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ WEIGHTS: dict[str, float] = {
     "preamble": 3.0,
     "bm25_pages": 0.75,
     "figure_rows": 2.0,
-    "statements": 1.0,
+    "statements": 3.0,
     "embedding": 1.0,
 }
 FTS_LIMIT = 100

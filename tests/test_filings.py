@@ -176,6 +176,20 @@ def test_text_pages_keep_pypdf_lines(tmp_path):
     assert doc.metadata["table_page_numbers"] == []
 
 
+# --- words split by text runs -------------------------------------------------------------
+
+
+def test_words_split_by_text_runs_are_rejoined(tmp_path):
+    # Block's 10-K: pypdf gives "Qualita tive" (contents, page 3) and "seller s" (page 11),
+    # where the glyphs touch; page 77 spells "qualitative" whole.
+    doc = cut(FILINGS["BLOCK_2020"], [3, 11, 77], tmp_path)
+    text = lambda n: " ".join(ln.text.replace("\xa0", " ") for ln in doc.pages[n - 1].lines)
+    assert "Quantitative and Qualitative Disclosures About Market Risk" in text(3)
+    assert "enabling sellers to spend" in text(11)
+    assert "Qualita tive" not in text(3) and "seller s " not in text(11)
+    assert doc.metadata["rejoined_words"] >= 2
+
+
 # --- figures -----------------------------------------------------------------------------
 
 
@@ -204,3 +218,24 @@ def test_statement_pages_and_rows():
     assert row_matches("Total revenues | 2022: 66,608 | 2021: 62,286", fq) == 2
     assert row_matches("Total revenues | 2020: 36,087", fq) == 1
     assert row_matches("Revenues are recognized when control passes.", fq) == 0
+
+
+# --- evidence previews -------------------------------------------------------------------
+
+
+def test_preview_centres_on_the_lines_that_match():
+    from docqa.pipelines.query import preview
+
+    passage = ("B. Entire Agreement. This Agreement constitutes the entire agreement between the parties with\n"
+               "respect to its subject matter and supersedes all prior agreements, understandings and\n"
+               "negotiations, whether written or oral, between the parties concerning the same.\n"
+               "C. Governing Law. This Agreement shall be governed by the laws of the State of Delaware.\n"
+               "D. Notices. All notices shall be in writing.")
+    shown = preview(passage, "Which state's law governs?", 160)
+    assert "Governing Law" in shown and "Delaware" in shown and len(shown) <= 160
+    assert shown.startswith("…")  # the passage's first lines were left out, visibly
+    # Nothing matches: the passage's start.
+    assert preview(passage, "zebra crossing", 60).startswith("B. Entire Agreement")
+    # A long line is cut around its first matching word.
+    long = "x " * 200 + "the effective tax rate was 21.6% in 2022 " + "y " * 200
+    assert "effective tax rate was 21.6%" in preview(long, "What was the effective tax rate?", 120)
