@@ -614,7 +614,7 @@ def _rebuild_table_page(page: _Page, chunks: list[_Chunk]) -> None:
 # positions: pypdf's layout mode places every glyph at its x position, and the pair is
 # joined only where that rendering of the same page has the joined word.
 _PAIR = re.compile(r"(?<![\w\-])([A-Za-z]{1,20}) ([a-z]{1,12})(?![\w\-])")
-_WORDS = re.compile(r"[A-Za-z]+")
+_WORDS = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)*")  # "seller's" is one word, not "seller" and "s"
 
 
 def _rejoin_split_words(reader: Any, pages: list[_Page]) -> int:
@@ -628,8 +628,10 @@ def _rejoin_split_words(reader: Any, pages: list[_Page]) -> int:
     def suspect(a: str, b: str) -> bool:
         a, b = a.lower(), b.lower()
         n = pairs[(a, b)]
-        # One half is no word of its own anywhere else, and the join is a word elsewhere.
-        return counts[a + b] > 0 and (counts[a] <= n or counts[b] <= n) and len(a + b) >= 4
+        # One half is no word of its own anywhere else (or a lone letter that is no
+        # word: "seller s"), and the join is a word elsewhere.
+        fragment = lambda w: counts[w] <= n or (len(w) == 1 and w not in "ai")  # noqa: E731
+        return counts[a + b] > 0 and (fragment(a) or fragment(b)) and len(a + b) >= 4
 
     joined = 0
     for number, p in enumerate(pages):
@@ -641,12 +643,13 @@ def _rejoin_split_words(reader: Any, pages: list[_Page]) -> int:
         except Exception:  # layout mode fails on some pages; then the text stays as it is
             continue
         placed = Counter(w.lower() for w in _WORDS.findall(layout))
-        layout_norm = " ".join(_WORDS.findall(layout)).lower()
+        flat = layout.replace("\xa0", " ")
         for ln in todo:
             def join(m: re.Match) -> str:
                 nonlocal joined
                 a, b = m.group(1), m.group(2)
-                apart = re.search(rf"\b{a.lower()} {b.lower()}\b", layout_norm)
+                # Apart in the layout too ("seller's" is not "seller s": apostrophes count).
+                apart = re.search(rf"(?<![\w'’]){a}\s+{b}(?![\w'’])", flat, re.IGNORECASE)
                 if suspect(a, b) and placed[(a + b).lower()] and not apart:
                     joined += 1
                     return a + b
