@@ -111,7 +111,7 @@ EXPECTED_ITEMS = {
                      "Item 5": 21, "Item 6": 22, "Item 7": 23, "Item 7A": 33, "Item 8": 35, "Item 9": 64,
                      "Item 9A": 64, "Item 9B": 64, "Item 9C": 64, "Item 10": 64, "Item 11": 64},
     "BLOCK_2020": {"Item 1": 5, "Item 1A": 18, "Item 2": 46, "Item 3": 47, "Item 4": 48, "Item 5": 49,
-                   "Item 6": 52, "Item 7": 57, "Item 8": 79, "Item 9A": 140, "Item 9B": 141, "Item 15": 143,
+                   "Item 6": 52, "Item 7": 57, "Item 8": 79, "Item 9A": 140, "Item 9B": 141, "Item 10": 142, "Item 15": 143,
                    "Item 16": 146},
     "CORNING_2022": {"Item 1": 2, "Item 1A": 13, "Item 1B": 20, "Item 2": 20, "Item 3": 20, "Item 4": 20,
                      "Item 5": 21, "Item 6": 22, "Item 7": 23, "Item 7A": 44, "Item 8": 44, "Item 9": 44,
