@@ -113,3 +113,24 @@ def test_review_table_keeps_the_item_column_at_80_columns():
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "termination_for_convenience" in text and "governing_law" in text
     assert "without cause." in text
+
+
+def test_rm_drops_the_documents_cached_kv(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    db = tmp_path / "d.db"
+    a = tmp_path / "supply.md"
+    a.write_text(A)
+    did = json.loads(_cli("ingest", a, "--db", db, "--json").stdout)[0]["doc_id"]
+    with Store(db) as s:
+        sha = s.get_document(did).content_sha256
+    kv = tmp_path / "cache" / "docqa" / "kv" / "ab"
+    kv.mkdir(parents=True)
+    t = {"kmin": torch.zeros(1)}
+    save_file(t, str(kv / "ab1.safetensors"), metadata={"namespace": json.dumps([sha, "model", "s", [1]])})
+    save_file(t, str(kv / "ab2.safetensors"), metadata={"namespace": json.dumps(["f" * 64, "model", "s", [1]])})
+    removed = json.loads(_cli("rm", did, "--json", "--db", db).stdout)["removed"]
+    assert removed["kv_files"] == 1
+    assert not (kv / "ab1.safetensors").exists() and (kv / "ab2.safetensors").exists()
