@@ -310,21 +310,8 @@ def _extract_page(page: Any) -> _Page:
         # columns to `_order_columns`; a page that is mostly table rows is a table.
         _rebuild_table_page(result, collector.chunks)
         if not result.table:
-            lines = list(result.lines)
             _order_columns(result)
-            # A table among paragraphs (too few rows for the share rule) also looks
-            # two-column; its "right column" is figures, a real one's is prose.
-            if result.two_column and _figures_on_right(result):
-                result.lines, result.two_column = lines, False
-                _rebuild_table_page(result, collector.chunks, min_share=0.0)
     return result
-
-
-def _figures_on_right(page: _Page) -> bool:
-    mid = page.left + page.width / 2
-    right = [ln.text.strip() for ln in page.lines if ln.x0 is not None and ln.x0 >= mid and len(ln.text.strip()) >= 8]
-    figures = [t for t in right if sum(ch.isdigit() or ch in ",.$()%-– " for ch in t) >= 0.6 * len(t)]
-    return bool(right) and len(figures) >= 0.5 * len(right)
 
 
 def _split_lines(text: str, chunks: list[_Chunk]) -> list[_Line]:
@@ -580,7 +567,7 @@ def _header_for(cell: _Cell, headers: list[_Row]) -> str | None:
     return None
 
 
-def _rebuild_table_page(page: _Page, chunks: list[_Chunk], min_share: float = _TABLE_SHARE) -> None:
+def _rebuild_table_page(page: _Page, chunks: list[_Chunk]) -> None:
     """On a page with a table, rebuild every line from positions (see the module docstring);
     other pages keep pypdf's lines."""
     rows = _rows(chunks)
@@ -596,7 +583,7 @@ def _rebuild_table_page(page: _Page, chunks: list[_Chunk], min_share: float = _T
     n_values = sum(1 for r in rows if len(_values(r)) >= 2)
     # Mostly table rows: a two-column paper's small results table leaves its page to
     # `_order_columns`.
-    if n_values < _MIN_TABLE_ROWS or n_values < min_share * len(rows):
+    if n_values < _MIN_TABLE_ROWS or n_values < _TABLE_SHARE * len(rows):
         return
     lines: list[_Line] = []
     headers: list[_Row] = []  # year rows seen so far, nearest first
