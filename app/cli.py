@@ -130,16 +130,9 @@ def docs(db: db_option = None, as_json: json_option = False) -> None:
     if not infos:
         err.print("no documents yet; add some with `docqa ingest PATH`")
         return
-    table = Table(box=None, header_style="bold")
-    for col, justify in [("doc id", "left"), ("type", "left"), ("pages", "right"),
-                         ("sections", "right"), ("anchors", "right"), ("segments", "right"),
-                         ("title / file", "left")]:
-        table.add_column(col, justify=justify)
-    for i in infos:
-        name = i.title or Path(i.path).name
-        table.add_row(i.doc_id, i.type, str(i.pages), str(i.sections), str(i.anchors),
-                      str(i.segments), Text(name))
-    out.print(table)
+    from .tables import docs_table
+
+    out.print(docs_table(infos))
 
 
 @app.command()
@@ -359,6 +352,8 @@ def citation_line(c, *, multi: bool = False) -> str:
 
 
 def print_run(run, *, show_draft: bool = False) -> None:
+    from ..pipelines.query import preview
+
     multi = len(run.doc_ids) > 1
     if run.status == "answered":
         out.print(run.answer)
@@ -379,7 +374,7 @@ def print_run(run, *, show_draft: bool = False) -> None:
         out.print()
         out.print("evidence:")
         for i, c in enumerate(run.evidence, 1):
-            out.print(f"  {i}. {c.label(with_doc=multi)} {short(c.quote, 160)}")
+            out.print(f"  {i}. {c.label(with_doc=multi)} {preview(c.quote, run.question, 160)}")
     if show_draft and run.draft_citations:
         out.print()
         out.print("withheld draft (not an answer):")
@@ -418,6 +413,9 @@ def runs(
 from .review_cli import register as register_review_commands  # noqa: E402
 
 register_review_commands(app)
+from .docs_cli import register as register_docs_commands  # noqa: E402
+
+register_docs_commands(app)
 
 from .summarize import register as register_summarize  # noqa: E402
 

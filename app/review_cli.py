@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
-from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
@@ -18,6 +17,7 @@ from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_file
                      error_line, ingest_one, json_option, open_store, out, print_json, short)
 from .errors import DocqaError
 from .store import Store
+from .tables import review_table
 
 
 def _documents(store: Store, paths: list[Path], executor=None, on_file=None) -> list[tuple[str, str]]:
@@ -174,19 +174,16 @@ def _print_summary(store: Store, summary) -> None:
     runs = job_runs(store, job.id)
     for doc_id, path in job.documents:
         out.print(Text(f"{doc_id}  {path}"))
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        table.add_column("item")
-        table.add_column("status")
-        table.add_column("answer / top citation", no_wrap=True, overflow="ellipsis")
+        rows = []
         for item in job.checklist.items:
             run = runs.get((doc_id, item.id))
             if run is None:
-                table.add_row(item.id, "pending", "")
+                rows.append((item.id, "pending", ""))
                 continue
             shown = [c for c in run.citations if c.verified] or run.evidence
             text = run.answer or (f"{shown[0].label()} {shown[0].quote}" if shown else "")
-            table.add_row(item.id, run.status, Text(short(text, 90)))
-        out.print(table)
+            rows.append((item.id, run.status, short(text, 160)))
+        out.print(review_table(rows))
     err.print(
         f"job {summary.job_id}: {summary.answered_now} answered now, {summary.done_before} already done, "
         f"{len(summary.failed)} failed, {summary.conflicts} conflict finding(s) in {summary.elapsed_s:.1f} s; "

@@ -203,6 +203,52 @@ class Store:
                 [(rowid, index_text(text, tok), index_text(titles, tok)) for rowid, text, titles in passage_ids],
             )
 
+    def rename(self, ref: str, title: str) -> str:
+        """Give a document a title (what `docs`, reviews and exports show); its doc id."""
+        title = " ".join(title.split())
+        if not title:
+            raise StoreError("a title cannot be empty")
+        did = self.resolve(ref)
+        with self.transaction() as db:
+            db.execute("UPDATE documents SET title = ? WHERE doc_id = ?", [title, did])
+        return did
+
+    def remove(self, ref: str) -> dict[str, int]:
+        """Delete a document with everything derived from it, in one transaction: its rows
+        (pages, sections, anchors, segments, passages, paths, job membership, map results —
+        by cascade), its entries in every FTS index, the runs asked of it alone (with their
+        citations and job items), and its citations in runs over several documents.
+        Returns what was removed (counts)."""
+        did = self.resolve(ref)
+        doc = self.get_document(did)
+        with self.transaction() as db:
+            # Contentless FTS5 rows are deleted with the exact text they were indexed with.
+            pages = db.execute("SELECT id, text FROM pages WHERE doc_id = ?", [did]).fetchall()
+            segments = db.execute("SELECT id, text FROM segments WHERE doc_id = ?", [did]).fetchall()
+            rows = db.execute("SELECT id, idx, page, label, line_start, line_end, char_start, char_end,"
+                              " section_id, text FROM passages WHERE doc_id = ? ORDER BY idx", [did]).fetchall()
+            passages = [Passage(doc_id=did, index=r[1], page=r[2], label=r[3], line_start=r[4], line_end=r[5],
+                                char_start=r[6], char_end=r[7], section_id=r[8], text=r[9]) for r in rows]
+            titles = passage_titles(doc, passages)
+            for tok in TOKENIZERS:
+                for unit, items in (("pages", pages), ("segments", segments)):
+                    table = fts_table(unit, tok)
+                    db.conn.executemany(f"INSERT INTO {table} ({table}, rowid, text) VALUES ('delete', ?, ?)",
+                                        [(rowid, index_text(text, tok)) for rowid, text in items])
+                table = fts_table("passages", tok)
+                db.conn.executemany(
+                    f"INSERT INTO {table} ({table}, rowid, text, titles) VALUES ('delete', ?, ?, ?)",
+                    [(r[0], index_text(r[9], tok), index_text(t, tok)) for r, t in zip(rows, titles)])
+            runs = [(rid, json.loads(ids)) for rid, ids in db.execute(
+                "SELECT id, doc_ids FROM runs WHERE EXISTS (SELECT 1 FROM json_each(runs.doc_ids)"
+                " WHERE json_each.value = ?)", [did])]
+            alone = [rid for rid, ids in runs if set(ids) <= {did}]
+            db.conn.executemany("DELETE FROM runs WHERE id = ?", [(rid,) for rid in alone])
+            cited = db.execute("DELETE FROM citations WHERE doc_id = ?", [did]).rowcount
+            db.execute("DELETE FROM documents WHERE doc_id = ?", [did])
+        return {"pages": len(pages), "passages": len(passages), "runs": len(alone),
+                "citations_in_shared_runs": cited}
+
     # -- reading -----------------------------------------------------------------------
 
     def resolve(self, ref: str) -> str:

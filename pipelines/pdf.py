@@ -11,6 +11,13 @@ across the gutter is cut in two): bands separated by full-width lines, in each b
 column before the right, each column in pypdf's order. Display text is never rewritten:
 ligatures and hyphenation stay as printed; `textnorm` deals with them when matching.
 
+On a page holding a table (rows of aligned numbers; `_rebuild_table_page`) the lines are
+rebuilt from the text's positions instead: pieces of text on one baseline make one line, in
+left-to-right order, so a statement row whose label and values the PDF draws in separate
+runs ("Revenue" … "$ 46,298 $ 51,761") is one line; a row with numbers keeps its label with
+its values and the column headers above them: "Revenue | January 28, 2023: 46,298 |
+January 29, 2022: 51,761". Such a line is still one physical line of its page.
+
 Lines repeated at the top or bottom of many pages (modulo digits) get role "header"/"footer";
 they are kept, so line numbers still match what the page shows.
 """
@@ -70,6 +77,7 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
         try:
             reader, encrypted = _open(where, data)
             pages = [_extract_page(page) for page in reader.pages]
+            rejoined = _rejoin_split_words(reader, pages)
             meta = _metadata(reader, data)
         except IngestError:
             raise
@@ -99,8 +107,10 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
         blank_pages=sum(1 for p in pages if not p.lines),
         two_column_pages=sum(1 for p in pages if p.two_column),
         two_column_page_numbers=[str(i + 1) for i, p in enumerate(pages) if p.two_column],
+        table_page_numbers=[str(i + 1) for i, p in enumerate(pages) if p.table],
         header_lines=header_lines,
         footer_lines=footer_lines,
+        rejoined_words=rejoined,
         **(ocr.metadata() if ocr else {}),
     )
     return raw_pages, meta
@@ -232,6 +242,7 @@ class _Page:
     width: float
     left: float
     two_column: bool = False
+    table: bool = False  # lines rebuilt from positions (`_rebuild_table_page`)
 
 
 def _mult(m: tuple | list, n: tuple | list) -> tuple:
@@ -300,7 +311,11 @@ def _extract_page(page: Any) -> _Page:
     lines = _split_lines(text, collector.chunks if positions_ok else [])
     result = _Page(lines=lines, width=abs(width) or 612.0, left=left)
     if positions_ok and not page.get("/Rotate"):
-        _order_columns(result)
+        # A statement's labels at the left and its figures at the right look like two
+        # columns to `_order_columns`; a page that is mostly table rows is a table.
+        _rebuild_table_page(result, collector.chunks)
+        if not result.table:
+            _order_columns(result)
     return result
 
 
@@ -429,6 +444,224 @@ def _order_columns(page: _Page) -> None:
     keys.sort()
     page.lines = [pieces[i] for *_, i in keys]
     page.two_column = True
+
+
+# --- tables --------------------------------------------------------------------------------
+
+# A value cell: an amount, a percentage, a parenthesised negative, or a dash for nil.
+_NUMBER = re.compile(r"^[$€£]?\s*\(?[$€£]?\s*[-+]?\d[\d,]*(?:\.\d+)?\s*%?\)?\s*%?$")
+_NIL = re.compile(r"^(?:[-–—]+|#|\*|n\/?m|n\/?a)$", re.IGNORECASE)  # nil, or "not meaningful"
+_YEAR = re.compile(r"\b(?:19|20)\d\d\b")
+_CURRENCY = {"$", "€", "£"}
+_MIN_TABLE_ROWS = 3  # rows with two or more values before a page counts as holding a table
+_TABLE_SHARE = 0.25  # ... and at least this share of its rows
+
+
+@dataclass
+class _Cell:
+    text: str
+    x0: float
+    x1: float
+
+    @property
+    def numeric(self) -> bool:
+        t = self.text.replace(" ", "")
+        return bool(_NUMBER.match(t) or _NIL.match(t)) and not (_YEAR.fullmatch(t) and "," not in t)
+
+    @property
+    def center(self) -> float:
+        return (self.x0 + self.x1) / 2
+
+
+@dataclass
+class _Row:
+    y: float
+    size: float
+    chunks: list[_Chunk]
+    cells: list[_Cell] = field(default_factory=list)
+
+
+def _rows(chunks: list[_Chunk]) -> list[_Row] | None:
+    """Chunks grouped by baseline, top to bottom, each row's in left-to-right order; None
+    when a chunk's position is not known for all of its text (a line break inside it)."""
+    placed = []
+    for c in chunks:
+        body = c.text.rstrip("\n")
+        if not body.strip():
+            continue
+        if "\n" in body or not c.upright:
+            return None
+        placed.append(c)
+    placed.sort(key=lambda c: -c.y)
+    rows: list[_Row] = []
+    for c in placed:
+        tol = max(2.0, 0.35 * (c.size or 8.0))
+        if rows and abs(rows[-1].y - c.y) <= tol:
+            rows[-1].chunks.append(c)
+        else:
+            rows.append(_Row(c.y, c.size or 8.0, [c]))
+    for row in rows:
+        row.chunks.sort(key=lambda c: c.x)
+    return rows
+
+
+def _cut_cells(row: _Row, widths: _Widths) -> None:
+    """A row's chunks cut into cells where the gap between them exceeds about an em;
+    inside a cell, a space only where the glyphs leave one."""
+    cells: list[_Cell] = []
+    for c in row.chunks:
+        text = c.text.rstrip("\n")
+        end = widths.end(c)
+        gap = c.x - cells[-1].x1 if cells else 0.0
+        # Two figures side by side are two columns even when set close together
+        # ("$ 86,392 $ 79,474"); text runs join up to about an em apart.
+        figures = _NUMBER.match(cells[-1].text.strip()) if cells else None
+        figures = figures and (_NUMBER.match(text.strip()) or text.strip() in _CURRENCY)
+        if cells and gap <= 0.9 * row.size and not (figures and gap > 0.25 * row.size):
+            sep = "" if gap <= 0.15 * row.size or cells[-1].text[-1:].isspace() or text[:1].isspace() else " "
+            cells[-1].text += sep + text
+            cells[-1].x1 = max(cells[-1].x1, end)
+        else:
+            cells.append(_Cell(text, c.x, end))
+    for cell in cells:
+        cell.text = _SPACES.sub(" ", cell.text.replace("\xa0", " ")).strip()
+    row.cells = _merge_currency([cell for cell in cells if cell.text])
+
+
+def _merge_currency(cells: list[_Cell]) -> list[_Cell]:
+    """A lone "$" drawn well left of its amount belongs to it, a lone "%" to the figure
+    before it."""
+    out: list[_Cell] = []
+    for cell in cells:
+        if out and out[-1].text in _CURRENCY and cell.numeric:
+            out[-1] = _Cell(cell.text, out[-1].x0, cell.x1)
+        elif out and cell.text == "%" and out[-1].numeric:
+            out[-1] = _Cell(out[-1].text + " %", out[-1].x0, cell.x1)
+        else:
+            out.append(cell)
+    return out
+
+
+def _values(row: _Row) -> list[_Cell]:
+    """The row's value cells: the numeric cells after its label (the first text cell)."""
+    cells = row.cells
+    i = 0
+    while i < len(cells) and not cells[i].numeric:
+        i += 1
+    rest = cells[i:]
+    return rest if rest and all(c.numeric or c.text in _CURRENCY for c in rest) else []
+
+
+def _is_header(row: _Row) -> bool:
+    """A row naming columns by year: "2022 2021 2020", "January 28, 2023 January 29, 2022"."""
+    return sum(1 for c in row.cells if _YEAR.search(c.text)) >= 2 and not _values(row)
+
+
+def _header_for(cell: _Cell, headers: list[_Row]) -> str | None:
+    """The nearest header above whose cell spans the value's column (by horizontal overlap,
+    else the closest centre within a column's width)."""
+    for row in headers:
+        best, dist = None, None
+        for h in row.cells:
+            overlap = min(h.x1, cell.x1) - max(h.x0, cell.x0)
+            d = 0.0 if overlap > 0 else abs(h.center - cell.center)
+            if dist is None or d < dist:
+                best, dist = h, d
+        if best is not None and dist <= max(30.0, 1.5 * (cell.x1 - cell.x0)):
+            return best.text
+    return None
+
+
+def _rebuild_table_page(page: _Page, chunks: list[_Chunk]) -> None:
+    """On a page with a table, rebuild every line from positions (see the module docstring);
+    other pages keep pypdf's lines."""
+    rows = _rows(chunks)
+    if not rows:
+        return
+    # Cheap test first (most pages hold no table): rows with two or more numeric pieces.
+    rough = sum(1 for r in rows if sum(1 for c in r.chunks if _NUMBER.match(c.text.strip())) >= 2)
+    if rough < _MIN_TABLE_ROWS:
+        return
+    widths = _Widths()
+    for row in rows:
+        _cut_cells(row, widths)
+    n_values = sum(1 for r in rows if len(_values(r)) >= 2)
+    # Mostly table rows: a two-column paper's small results table leaves its page to
+    # `_order_columns`.
+    if n_values < _MIN_TABLE_ROWS or n_values < _TABLE_SHARE * len(rows):
+        return
+    lines: list[_Line] = []
+    headers: list[_Row] = []  # year rows seen so far, nearest first
+    for row in rows:
+        values = _values(row)
+        if _is_header(row):
+            headers.insert(0, row)
+        if values:
+            label = " ".join(c.text for c in row.cells[: len(row.cells) - len(values)])
+            parts = [label] if label else []
+            for v in values:
+                h = _header_for(v, headers)
+                parts.append(f"{h}: {v.text}" if h and h != v.text else v.text)
+            text = " | ".join(parts)
+        else:
+            text = " ".join(c.text for c in row.cells)
+        lines.append(_Line(text, list(row.chunks)))
+    page.lines = lines
+    page.table = True
+
+
+# --- words split by text runs ---------------------------------------------------------------
+
+# "Qualita tive", "Finan cial", "seller s": pypdf puts a space wherever the pen moves between
+# two text runs by more than it expects, and some PDFs (Block's 10-K) draw words in several
+# runs with small moves. Where to look is chosen from the text (a pair whose halves are not
+# words of the document but whose join is); whether the glyphs touch is decided from their
+# positions: pypdf's layout mode places every glyph at its x position, and the pair is
+# joined only where that rendering of the same page has the joined word.
+_PAIR = re.compile(r"(?<![\w\-])([A-Za-z]{1,20}) ([a-z]{1,12})(?![\w\-])")
+_WORDS = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)*")  # "seller's" is one word, not "seller" and "s"
+
+
+def _rejoin_split_words(reader: Any, pages: list[_Page]) -> int:
+    """Join the pairs the glyph positions show to be one word; the number joined."""
+    counts = Counter(w.lower() for p in pages for ln in p.lines for w in _WORDS.findall(ln.text))
+    pairs: Counter = Counter()
+    for p in pages:
+        for ln in p.lines:
+            pairs.update((a.lower(), b.lower()) for a, b in _PAIR.findall(ln.text))
+
+    def suspect(a: str, b: str) -> bool:
+        a, b = a.lower(), b.lower()
+        n = pairs[(a, b)]
+        # One half is no word of its own anywhere else (or a lone letter that is no
+        # word: "seller s"), and the join is a word elsewhere.
+        fragment = lambda w: counts[w] <= n or (len(w) == 1 and w not in "ai")  # noqa: E731
+        return counts[a + b] > 0 and (fragment(a) or fragment(b)) and len(a + b) >= 4
+
+    joined = 0
+    for number, p in enumerate(pages):
+        todo = [ln for ln in p.lines if any(suspect(a, b) for a, b in _PAIR.findall(ln.text))]
+        if not todo:
+            continue
+        try:
+            layout = reader.pages[number].extract_text(extraction_mode="layout")
+        except Exception:  # layout mode fails on some pages; then the text stays as it is
+            continue
+        placed = Counter(w.lower() for w in _WORDS.findall(layout))
+        flat = layout.replace("\xa0", " ")
+        for ln in todo:
+            def join(m: re.Match) -> str:
+                nonlocal joined
+                a, b = m.group(1), m.group(2)
+                # Apart in the layout too ("seller's" is not "seller s": apostrophes count).
+                apart = re.search(rf"(?<![\w'’]){a}\s+{b}(?![\w'’])", flat, re.IGNORECASE)
+                if suspect(a, b) and placed[(a + b).lower()] and not apart:
+                    joined += 1
+                    return a + b
+                return m.group(0)
+
+            ln.text = _PAIR.sub(join, ln.text)
+    return joined
 
 
 # --- headers and footers -------------------------------------------------------------------

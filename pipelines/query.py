@@ -78,6 +78,7 @@ THESAURUS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("agreement date", "date of the contract"), ("dated", "as of", "entered into", "made", "day of")),
     (("document name", "name of the contract"), ("agreement",)),
     (("signed the contract", "parties"), ("between", "by and between", "inc", "corporation", "llc", "ltd", "company")),
+    (("geographies", "geography", "geographic", "regions", "operates in", "operate in"), ("geographic", "geographical", "region", "regions", "international", "countries")),
     (("governing law", "law governs"), ("governed by", "laws of", "construed", "governing law", "jurisdiction")),
     (("competitive restriction exception", "carveouts", "exceptions"), ("notwithstanding", "except", "exception", "shall not prevent", "shall not restrict", "permitted")),
 ]
@@ -209,3 +210,55 @@ def stem(word: str) -> str:
     if len(w) > 5 and w.endswith("e"):
         w = w[:-1]
     return w[:7]
+
+
+def preview(text: str, question: str, width: int = 160) -> str:
+    """At most `width` characters of a passage, centred on the lines that hold the
+    question's words (its content words and thesaurus expansions, matched by stem), so an
+    evidence line shows why it was ranked ("C. Governing Law ... Delaware", not the
+    passage's first line "B. Entire Agreement"). The passage's start when nothing matches;
+    "…" marks text left out."""
+    q = analyze(question)
+    own = {stem(w) for w in q.terms}
+    stems = own | {stem(w) for e in q.expansions for w in content_words(e)}
+    phrases = [normalize(p) for p in q.expansions + q.focus if " " in p.strip()]
+    lines = [" ".join(ln.split()) for ln in text.split("\n")]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return ""
+
+    def score(line: str) -> int:
+        norm = normalize(line)
+        words = {stem(w) for w in content_words(line)}
+        # The question's own words count double the thesaurus's.
+        return 2 * len(words & own) + len(words & stems) + 2 * sum(1 for p in phrases if p in norm)
+
+    scores = [score(ln) for ln in lines]
+    best = max(range(len(lines)), key=lambda i: (scores[i], -i))
+    if scores[best] == 0:
+        best = 0
+    line = lines[best]
+    if len(line) > width:
+        # Centre the window on the first matching word of the line.
+        first = next((m.start() for m in _WORD.finditer(line) if stem(normalize(m.group(0))) in stems), 0)
+        start = max(0, min(first - width // 3, len(line) - width + 1))
+        cut = line[start : start + width - 2]
+        return ("…" if start else "") + cut + ("…" if start + width - 2 < len(line) else "")
+    lo = hi = best
+    shown = line
+    # Widen with the lines around it, the following ones first (a heading's clause follows it).
+    while True:
+        grown = False
+        for j in (hi + 1, lo - 1):
+            if 0 <= j < len(lines) and (j > hi or j < lo) and len(shown) + 1 + len(lines[j]) <= width - 2:
+                shown = f"{shown} {lines[j]}" if j > hi else f"{lines[j]} {shown}"
+                lo, hi = min(lo, j), max(hi, j)
+                grown = True
+        if not grown:
+            break
+    if hi + 1 < len(lines) and len(shown) < width - 2:
+        rest = lines[hi + 1][: width - 3 - len(shown)].rstrip()
+        if rest:
+            shown = f"{shown} {rest}"
+        return ("…" if lo else "") + shown + "…"
+    return ("…" if lo else "") + shown + ("…" if hi + 1 < len(lines) else "")

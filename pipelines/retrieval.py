@@ -20,6 +20,12 @@ cosine similarity live on unrelated scales):
   spread over a page) whose words no single passage holds together still ranks. Weighted
   below the passage signals: it recounts `bm25_terms`' words at a coarser unit, so it
   breaks ties between pages rather than outvoting them;
+- `figure_rows`: for a question about a figure (`pipelines.figures`: "total revenues in
+  2022", "capex", "how many employees"), passages holding a line that names the quantity
+  with a number — a statement row or a sentence — those naming a wanted year first;
+- `statements`: for the same questions, passages of the primary statements (income
+  statement, balance sheet, cash flow statement) that hold the quantity, or that the
+  question names, each page as its best passage;
 - `embedding`: cosine similarity of sentence embeddings, when an encoder is given.
 
 The two broad signals, `bm25_terms` and `bm25_pages`, rank definitions last (`definition_keys`:
@@ -46,6 +52,7 @@ from typing import Protocol
 import numpy as np
 
 from .document import Document, Section
+from .figures import FigureQuery, analyze_figures, row_matches, statement_of
 from .passages import Passage
 from .query import Query, analyze, content_words, stem
 from .search import index_text
@@ -67,6 +74,8 @@ WEIGHTS: dict[str, float] = {
     "definitions": 1.0,
     "preamble": 3.0,
     "bm25_pages": 0.75,
+    "figure_rows": 2.0,
+    "statements": 3.0,
     "embedding": 1.0,
 }
 FTS_LIMIT = 100
@@ -378,6 +387,55 @@ def _definitions(q: Query, docs: Mapping[str, Document], passages: Mapping[str, 
     return list(dict.fromkeys(out))
 
 
+def statement_pages(doc: Document) -> dict[int, str]:
+    """Page number -> the primary statement it is ("income", "balance", "cash")."""
+    out = {}
+    for p in doc.pages:
+        kind = statement_of([ln.text for ln in p.lines if ln.role == "body"])
+        if kind:
+            out[p.n] = kind
+    return out
+
+
+def _figure_rows(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]],
+                 within: Sequence[Key], kinds: Mapping[str, Mapping[int, str]]) -> list[Key]:
+    """Passages stating a wanted figure (`figures.row_matches`), best match first; among
+    equals, rows of a wanted statement, then the bm25 order of `within`."""
+    rank = {key: r for r, key in enumerate(within)}
+    scored = []
+    for doc_id, doc in docs.items():
+        for p in passages.get(doc_id, ()):
+            best = max((row_matches(line, fq) for line in p.text.split("\n")), default=0)
+            if best:
+                key = (doc_id, p.index)
+                on_statement = kinds[doc_id].get(p.page) in fq.statements
+                scored.append((-best, not on_statement, rank.get(key, len(rank)), p.index, key))
+    scored.sort()
+    return [k for *_, k in scored][:FTS_LIMIT]
+
+
+def _statements(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]],
+                within: Sequence[Key], kinds: Mapping[str, Mapping[int, str]]) -> list[Key]:
+    """Pages of the statements a figure question wants, each as its best passage: the one
+    stating the figure, else the first in `within`'s order, else its first."""
+    rank = {key: r for r, key in enumerate(within)}
+    scored = []
+    for doc_id in docs:
+        best: dict[int, tuple] = {}
+        for p in passages.get(doc_id, ()):
+            kind = kinds[doc_id].get(p.page)
+            if kind not in fq.statements:
+                continue
+            key = (doc_id, p.index)
+            match = max((row_matches(line, fq) for line in p.text.split("\n")), default=0)
+            cand = (-match, fq.statements.index(kind), rank.get(key, len(rank)), p.page, key)
+            if p.page not in best or cand < best[p.page]:
+                best[p.page] = cand
+        scored += best.values()
+    scored.sort()
+    return [k for *_, k in scored]
+
+
 def _embedding(question: str, encoder, docs, passages) -> tuple[list[Key], dict[Key, float]]:
     qv = encoder.encode([question])[0]
     sims: dict[Key, float] = {}
@@ -420,6 +478,12 @@ def signals(
     if demote_definitions:
         defined = definition_keys(docs, passages)
         terms, pages = operative_first(terms, defined), operative_first(pages, defined)
+    fq = analyze_figures(question)
+    figure_rows = statements = []
+    if fq.wanted:
+        kinds = {d: statement_pages(doc) for d, doc in docs.items()}
+        figure_rows = _figure_rows(fq, docs, passages, terms, kinds)
+        statements = _statements(fq, docs, passages, terms, kinds)
     out = {
         "bm25_focus": _bm25(fts, q.focus, doc_ids),
         "bm25_terms": terms,
@@ -428,6 +492,8 @@ def signals(
         "definitions": _definitions(q, docs, passages),
         "preamble": _preamble(q, docs, passages),
         "bm25_pages": pages,
+        "figure_rows": figure_rows,
+        "statements": statements,
     }
     if extra:
         out["bm25_plain"] = _bm25(fts, q.terms, doc_ids)

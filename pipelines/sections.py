@@ -15,6 +15,11 @@ parent section longer. So a line becomes a heading only when several weak signal
   the clinical data ...") follow a line that did not end a sentence, which weak candidates
   must not do.
 
+Annual reports (10-K) are cut by PART (I-IV) and Item (1, 1A, 7, 7A, 8, 15, ...): an Item
+heading is "Item 7." at the start of a line, its number must increase through the whole
+filing, and the pages of the table of contents — many Items on one page, with page numbers
+or from three or more PARTs — are skipped, so each Item starts where its body starts.
+
 Levels come from a stack of heading *ranks* (annexes above articles/chapters above
 numbered sections, deeper numbers below), so the same rules fit contracts, specifications
 and the 编/分编/章/节/条 hierarchy of Chinese statutes.
@@ -140,6 +145,7 @@ _ANNEX_RE = re.compile(
     r"(?:\s+([A-Z](?:-\d{1,2})?|\d{1,3}(?:\.\d{1,3})*(?:\([a-z0-9]{1,3}\))?))?(?![\w(])"
     r"(.*)$"
 )
+_ITEM_RE = re.compile(r"^(ITEM|Item)\s+(\d{1,2})([A-C])?(?![\w(])(\.|:)?(.*)$")
 _CN_RE = re.compile(
     r"^第([" + CN_NUM + r"]{1,8}|\d{1,4})(分编|编|章|节|条)(?:[ \t\u3000]+(.*)|$)"
 )
@@ -151,13 +157,21 @@ _SMALL_WORDS = {"a", "an", "and", "or", "of", "the", "to", "in", "on", "for", "b
                 "at", "as", "from", "into", "vs", "via", "not", "its", "upon", "under"}
 
 
+_ITEM_RANK = 1.5  # below PART (1), above any numbered section (2 and deeper)
+
+
+def _item_part(path: tuple[int, ...]) -> int:
+    """The PART a 10-K Item belongs to: 1-4 in I, 5-9 in II, 10-14 in III, 15-16 in IV."""
+    return 1 if path[0] <= 4 else 2 if path[0] <= 9 else 3 if path[0] <= 14 else 4
+
+
 @dataclass
 class _Cand:
     line: int  # index into the flat list of body lines
     kind: str  # 'num' | 'article' | 'chapter' | 'part' | annex kind | Chinese kind | 'cn-none'
     number: str | None  # as printed
     key: tuple | None
-    rank: int
+    rank: float
     path: tuple[int, ...] | None  # numeric identity used for sequence checks
     title: str
     rest: str  # the line after the number
@@ -212,6 +226,18 @@ def _classify(text: str, idx: int) -> _Cand | None:
     if s in _CN_UNNUMBERED:
         return _Cand(idx, "cn-none", None, ("cn-none", s), 0, None, s.replace(" ", ""), "",
                      True, True)
+    m = _ITEM_RE.match(s)
+    if m:
+        kw, num, letter, dot, rest = m.groups()
+        rest = rest.strip(_WS)
+        # "Item 8, Financial Statements ... of this report", "Item 15 of this Annual Report":
+        # references in running text, not headings.
+        if rest[:1] in {",", ";", ")"} or (rest[:1].isalpha() and rest[:1].islower()):
+            return None
+        title = re.sub(r"(?:\s*\.)?\s+\d{1,3}$", "", rest.lstrip(":-–—. ")).strip().rstrip(".")
+        path = (int(num), ord(letter) - ord("A") + 1 if letter else 0)
+        return _Cand(idx, "item", f"Item {num}{letter or ''}", ("item", path), _ITEM_RANK, path, title, rest,
+                     kw.isupper(), True)
     m = _ANNEX_RE.match(s)
     if m:
         kw, ident, rest = m.group(1), m.group(2), m.group(3)
@@ -395,6 +421,8 @@ def _from_lines(doc: Document) -> list[Section]:
     cands = [_classify(t, i) for i, t in enumerate(texts)]
     _drop_running_heads(cands, edge)
     in_toc = _mark_toc(texts, cands)
+    page_of = [p.n for p in doc.pages for ln in p.lines if ln.role == "body"]
+    _mark_item_toc(cands, page_of, in_toc)
 
     prev_ended = [True] * len(lines)
     last_real = None
@@ -409,7 +437,7 @@ def _from_lines(doc: Document) -> list[Section]:
     nodes: list[_Node] = []
     titles: list[str] = []
     parents: list[int | None] = []
-    cn_last: dict[int, int] = {}
+    cn_last: dict[float, int] = {}
     seen_annex: set[tuple] = set()
     for c in cands:
         if c is None or in_toc[c.line]:
@@ -437,6 +465,8 @@ def _from_lines(doc: Document) -> list[Section]:
             parent.last_child[c.rank] = c.path
             if c.kind in _CN_KINDS:
                 cn_last[c.rank] = c.path[0]
+            elif c.kind == "item":
+                cn_last[c.rank] = c.path
         if c.kind in _ANNEX_KINDS and c.number:
             seen_annex.add(c.key)
             parent.last_annex[c.kind] = c.key[1]
@@ -508,6 +538,14 @@ def _accept(c: _Cand, stack: list[_Node], keep: int, parent: _Node, prev_ended: 
         return True
     if c.kind == "cn-none":
         return prev_ended
+    if c.kind == "item":
+        # Items run through the whole filing (PART I holds 1-4, PART II 5-9, ...).
+        last = cn_last.get(c.rank)
+        if last is not None and not (last < c.path and c.path[0] <= last[0] + 6):
+            return False
+        # "Item 7." at a line's start is a strong signal; the title only must not read as
+        # a sentence's continuation.
+        return not c.title or c.title[0].isupper() or c.title.startswith("[")
     if c.kind in _ANNEX_KINDS:
         if c.caps:
             return not c.title or looks_like_title(c.title) or prev_ended
@@ -567,6 +605,33 @@ def _next_annex(c: _Cand, parent: _Node) -> bool:
     if prev.isdigit() and ident.isdigit():
         return int(ident) == int(prev) + 1
     return len(prev) == len(ident) == 1 and ord(ident) == ord(prev) + 1
+
+
+def _mark_item_toc(cands: list[_Cand | None], page_of: list[int], toc: list[bool]) -> None:
+    """Items are headings only in a filing (PARTs and five or more distinct Items).
+    A filing's contents page lists its Items (with page numbers, or from three PARTs on
+    one page); its Item and PART lines are not sections, so each Item starts in the body."""
+    by_page: dict[int, list[_Cand]] = {}
+    part_pages: dict[int, set[int]] = {}
+    for c in cands:
+        if c is not None and c.kind == "item":
+            by_page.setdefault(page_of[c.line], []).append(c)
+        elif c is not None and c.kind == "part" and c.caps:
+            part_pages.setdefault(page_of[c.line], set()).add(c.path[0])
+    if not part_pages or len({c.path for items in by_page.values() for c in items}) < 5:
+        # Not a filing: a franchise agreement's "Item 5" refers to its disclosure document.
+        for i, c in enumerate(cands):
+            if c is not None and c.kind == "item":
+                cands[i] = None
+        return
+    for page in set(by_page) | set(part_pages):
+        items = by_page.get(page, [])
+        numbered = sum(1 for c in items if re.search(r"\d$", c.rest.strip()))
+        parts = {_item_part(c.path) for c in items} | part_pages.get(page, set())
+        if (len(items) >= 3 and (numbered >= 2 or len(items) >= 8)) or len(parts) >= 3:
+            for c in cands:
+                if c is not None and page_of[c.line] == page and c.kind in {"item", "part"}:
+                    toc[c.line] = True
 
 
 def _mark_toc(texts: list[str], cands: list[_Cand | None]) -> list[bool]:
