@@ -20,7 +20,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest import EXTENSIONS
 from . import config
 from .engine_cli import engine_app
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
@@ -99,6 +98,8 @@ def ingest(
     if as_json:
         print_json(results)
     if not files:
+        from ..pipelines.ingest import EXTENSIONS
+
         error_line("no ingestible files found (supported: " + ", ".join(sorted(EXTENSIONS)) + ")")
     ok = len(results) - failed
     if ok == 0:

@@ -10,18 +10,17 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
 
-from ..engine.config import CheckpointError
-from ..engine.device import DeviceError
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest import EXTENSIONS, build, load
 from . import config
 from .errors import DocqaError
-from .store import Store
+
+if TYPE_CHECKING:
+    from .store import Store
 
 # Exit codes (documented in `docqa ingest --help`).
 EXIT_OK = 0
@@ -44,7 +43,13 @@ db_option = Annotated[
 json_option = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
+# The store, the parsers and the engine are imported inside the functions that use them:
+# `docqa --help`, `docs` and `show` must not pay for torch (see bench/startup.py).
+
+
 def open_store(db: Path | None) -> Store:
+    from .store import Store
+
     return Store(db if db is not None else config.default_db_path())
 
 
@@ -59,18 +64,30 @@ def cli_errors(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (DocqaError, IngestError, CheckpointError, DeviceError) as e:
-            error_line(str(e))
-            raise typer.Exit(EXIT_ERROR) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:
+            if isinstance(e, _user_error_types()):
+                error_line(str(e))
+                raise typer.Exit(EXIT_ERROR) from None
             if config.debug():
                 raise
             error_line(f"unexpected {type(e).__name__}: {e} (DOCQA_DEBUG=1 shows the traceback)")
             raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper
+
+
+def _user_error_types() -> tuple[type[Exception], ...]:
+    """The errors that are the user's, not bugs. The engine's are looked up only if their
+    module was imported (an error cannot come from a module never loaded), so that the CLI
+    starts without importing torch."""
+    engine = __name__.rsplit(".", 2)[0] + ".engine"
+    types: list[type[Exception]] = [DocqaError, IngestError]
+    for module, name in ((".config", "CheckpointError"), (".device", "DeviceError")):
+        if (m := sys.modules.get(engine + module)) is not None:
+            types.append(getattr(m, name))
+    return tuple(types)
 
 
 def print_json(value) -> None:
@@ -80,6 +97,8 @@ def print_json(value) -> None:
 def collect_files(paths: list[Path]) -> list[Path]:
     """Files named directly (any type: an unsupported one is then reported) and, below
     folders, the files with a supported extension, sorted, skipping hidden ones."""
+    from ..pipelines.ingest import EXTENSIONS
+
     found: list[Path] = []
     for p in paths:
         if p.is_dir():
@@ -95,6 +114,8 @@ def collect_files(paths: list[Path]) -> list[Path]:
 
 
 def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
+    from ..pipelines.ingest import build, load
+
     source = load(path, max_bytes=max_bytes)
     if store.has(source.doc_id):
         # Known content: skip parsing entirely.

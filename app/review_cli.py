@@ -4,7 +4,7 @@ app.export and app.tui, registered on the main app by `register(app)`."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -17,7 +17,9 @@ from . import config
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
                      error_line, ingest_one, json_option, open_store, out, print_json, short)
 from .errors import DocqaError
-from .store import Store
+
+if TYPE_CHECKING:  # imported for annotations only: `docqa --help` must not load the store
+    from .store import Store
 
 
 def _documents(store: Store, paths: list[Path]) -> list[tuple[str, str]]:
