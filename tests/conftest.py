@@ -1,8 +1,16 @@
-"""Fixtures shared by the GPU kernel test files."""
+"""Shared test set-up: tests that need the shared corpus skip when it is absent, and fixtures
+shared by the GPU kernel test files."""
 
 from __future__ import annotations
 
+import inspect
+import types
+from pathlib import Path
+
 import pytest
+
+import corpus
+from corpus import CORPUS
 
 from docqa.kernels.gpu import has_triton, interpreting
 
@@ -20,3 +28,77 @@ def few_gemv_configs(monkeypatch):
         monkeypatch.setattr(kernel, "configs", [c for c in kernel.configs
                                                 if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) in ((4, 1024), (16, 256))
                                                 and c.num_stages == 2])
+
+
+# --- The shared corpus (../shared/corpus) is not in the repository. A fresh clone must pass its
+# tests without it, so a test that reads it is skipped, with one line naming the corpus, when it
+# is absent. "Reads it" is found from the code rather than from marks to keep in step: the test
+# function, the fixtures it uses and the module functions they call (transitively) mention a
+# module global whose value is a path under the corpus (or a collection of such), or the test is
+# parametrized with such a path.
+
+CORPUS_MISSING = f"needs the shared corpus at {CORPUS} (absent; see README: Tests)"
+
+
+def _under_corpus(value, depth: int = 0) -> bool:
+    if isinstance(value, Path):
+        value = value.resolve()
+        return value == CORPUS or CORPUS in value.parents
+    if isinstance(value, (list, tuple, set, frozenset)) and depth < 2:
+        return any(_under_corpus(v, depth + 1) for v in value)
+    if isinstance(value, dict) and depth < 2:
+        return any(_under_corpus(v, depth + 1) for v in value.values())
+    return False
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _reads_corpus(func, module_globals: dict, seen: set) -> bool:
+    func = inspect.unwrap(getattr(func, "__func__", func))
+    code = getattr(func, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    for name in _names(code):
+        value = module_globals.get(name)
+        if _under_corpus(value) or _under_corpus(vars(corpus).get(name)):  # also `from corpus import X` in a body
+            return True
+        if isinstance(value, types.FunctionType) and _reads_corpus(value, value.__globals__, seen):
+            return True
+    return False
+
+
+def _needs_corpus(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and _under_corpus(list(callspec.params.values())):
+        return True
+    func = getattr(item, "obj", None)
+    seen: set = set()
+    if func is not None and _reads_corpus(func, func.__globals__, seen):
+        return True
+    defs = getattr(item, "_fixtureinfo", None)
+    for name in (defs.names_closure if defs else ()):
+        for fixturedef in defs.name2fixturedefs.get(name, ()):
+            f = fixturedef.func
+            if getattr(f, "__globals__", None) is not None and _reads_corpus(f, f.__globals__, seen):
+                return True
+    return False
+
+
+def pytest_report_header(config) -> str:
+    return f"corpus: {CORPUS} " + ("present" if CORPUS.is_dir() else "ABSENT: tests that read it are skipped")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if CORPUS.is_dir():
+        return
+    skip = pytest.mark.skip(reason=CORPUS_MISSING)
+    for item in items:
+        if _needs_corpus(item):
+            item.add_marker(skip)
