@@ -23,16 +23,33 @@ from ..pipelines.errors import IngestError
 from . import config
 from .engine_cli import engine_app
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
-                     error_line, ingest_one, json_option, open_store, out, print_json, short)
+                     error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
 
 app = typer.Typer(
     name="docqa",
     help="Ask long documents exact questions; every answer cites page and line.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"docqa {version('docqa')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                    help="Print the version and exit.")] = False,
+) -> None:
+    pass
+
 
 app.add_typer(engine_app, name="engine")
 
@@ -41,7 +58,8 @@ app.add_typer(engine_app, name="engine")
 def ingest(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="Files or folders (searched recursively).", metavar="PATH..."),
+        typer.Argument(help="Files or folders (searched recursively); - reads one document from stdin.",
+                       metavar="PATH..."),
     ],
     db: db_option = None,
     as_json: json_option = False,
@@ -59,7 +77,7 @@ def ingest(
 
     Exit codes: 0 all ingested; 1 some files failed; 3 nothing ingested.
 
-    Example: docqa ingest contracts/ spec.pdf --json
+    Example: docqa ingest contracts/ spec.pdf --json   (or: curl -s URL | docqa ingest -)
     """
     max_bytes = config.max_file_bytes()
     files = collect_files(paths)
@@ -76,7 +94,7 @@ def ingest(
     ) as progress:
         task = progress.add_task("ingesting", total=len(files))
         for f in files:
-            progress.update(task, description=f.name)
+            progress.update(task, description=printable(f.name))
             try:
                 result = ingest_one(store, f, max_bytes, segment_tokens)
             except IngestError as e:
@@ -112,7 +130,7 @@ def _print_ingested(r: dict) -> None:
     note = "" if r["status"] == "added" else f"  ({r['status']})"
     out.print(
         f"{r['doc_id']}  {r['type']:<8} {r['pages']:>5} pages {r['sections']:>5} sections "
-        f"{r['anchors']:>6} anchors {r['segments']:>4} segments  {r['path']}{note}"
+        f"{r['anchors']:>6} anchors {r['segments']:>4} segments  {printable(r['path'])}{note}"
     )
 
 

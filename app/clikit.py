@@ -53,8 +53,18 @@ def open_store(db: Path | None) -> Store:
     return Store(db if db is not None else config.default_db_path())
 
 
+_CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7f, 0xa0))} | {
+    0x09: "\\t", 0x0a: "\\n", 0x0d: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def printable(text: str) -> str:
+    """Control characters written as escapes (`\\n`, `\\x1b`): a file name with a newline must
+    not split a one-line message, nor one with ANSI codes drive the terminal."""
+    return text.translate(_CONTROL)
+
+
 def error_line(message: str) -> None:
-    err.print(f"error: {message}")
+    err.print(f"error: {printable(message)}")
 
 
 def cli_errors(command: Callable) -> Callable:
@@ -64,8 +74,8 @@ def cli_errors(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
-            raise
+        except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt, SystemExit):
+            raise  # click prints a usage error (typer.BadParameter) with the usage line, exit 2
         except Exception as e:
             if isinstance(e, _user_error_types()):
                 error_line(str(e))
@@ -94,6 +104,9 @@ def print_json(value) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
 
 
+STDIN = Path("-")  # as a PATH to ingest: read the document from standard input
+
+
 def collect_files(paths: list[Path]) -> list[Path]:
     """Files named directly (any type: an unsupported one is then reported) and, below
     folders, the files with a supported extension, sorted, skipping hidden ones."""
@@ -101,7 +114,9 @@ def collect_files(paths: list[Path]) -> list[Path]:
 
     found: list[Path] = []
     for p in paths:
-        if p.is_dir():
+        if p == STDIN:
+            found.append(p)
+        elif p.is_dir():
             for f in sorted(p.rglob("*")):
                 rel = f.relative_to(p).parts
                 if f.is_file() and f.suffix.lower() in EXTENSIONS and not any(
@@ -113,10 +128,28 @@ def collect_files(paths: list[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+def read_stdin(max_bytes: int):
+    """`-` as a file: the document is read from standard input and its type sniffed from its
+    bytes (PDF magic, an HTML tag near the start, else text). Recorded with the path `<stdin>`."""
+    from ..pipelines.ingest import Source, doc_id_for, detect_type
+
+    name = Path("<stdin>")
+    data = sys.stdin.buffer.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise IngestError(str(name), f"input too large (the limit is {max_bytes:,} bytes)")
+    if not data:
+        raise IngestError(str(name), "empty input (0 bytes)")
+    head = data[:1024].lstrip().lower()
+    ext = ".html" if head.startswith((b"<!doctype html", b"<html", b"<?xml")) or b"<html" in head else ".txt"
+    kind = detect_type(name.with_suffix(ext), data)
+    doc_id, sha256 = doc_id_for(data)
+    return Source(path=name, data=data, type=kind, doc_id=doc_id, sha256=sha256)
+
+
 def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
     from ..pipelines.ingest import build, load
 
-    source = load(path, max_bytes=max_bytes)
+    source = read_stdin(max_bytes) if path == STDIN else load(path, max_bytes=max_bytes)
     if store.has(source.doc_id):
         # Known content: skip parsing entirely.
         status = store.add_path(source.doc_id, str(source.path))
