@@ -127,6 +127,8 @@ def ingest(
 
 
 def _print_ingested(r: dict) -> None:
+    if "warning" in r:
+        err.print(f"warning: {printable(r['path'])}: {r['warning']}")
     note = "" if r["status"] == "added" else f"  ({r['status']})"
     out.print(
         f"{r['doc_id']}  {r['type']:<8} {r['pages']:>5} pages {r['sections']:>5} sections "

@@ -161,6 +161,9 @@ def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) ->
         status = store.add_document(doc).status
         counts = dict(pages=len(doc.pages), sections=len(doc.sections),
                       anchors=len(doc.anchors), segments=len(doc.segments), type=doc.type)
+        encoding = str((doc.metadata or {}).get("encoding", ""))
+        if "replaced" in encoding:  # pipelines/text.py: mostly UTF-8, a few bytes damaged
+            counts["warning"] = f"decoded as {encoding}"
     return {"doc_id": source.doc_id, "path": str(source.path), "type": counts.pop("type"),
             **counts, "status": status}
 

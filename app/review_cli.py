@@ -3,6 +3,7 @@ app.export and app.tui, registered on the main app by `register(app)`."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -15,7 +16,7 @@ from rich.text import Text
 from ..pipelines.errors import IngestError
 from . import config
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
-                     error_line, ingest_one, json_option, open_store, out, print_json, short)
+                     error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
 from .errors import DocqaError
 
 if TYPE_CHECKING:  # imported for annotations only: `docqa --help` must not load the store
@@ -129,9 +130,9 @@ def _print_summary(store: Store, summary) -> None:
             table.add_row(item.id, run.status, Text(short(text, 90)))
         out.print(table)
     err.print(
-        f"job {summary.job_id}: {summary.answered_now} answered now, {summary.done_before} already done, "
+        f"job {printable(summary.job_id)}: {summary.answered_now} answered now, {summary.done_before} already done, "
         f"{len(summary.failed)} failed, {summary.conflicts} conflict finding(s) in {summary.elapsed_s:.1f} s; "
-        f"report: docqa export {summary.job_id} --format html -o report.html"
+        f"report: docqa export {shlex.quote(summary.job_id)} --format html -o report.html"
     )
 
 
