@@ -5,6 +5,13 @@ Knows nothing of documents. The names below are imported on first use (PEP 562),
 """
 
 import importlib
+import os
+
+# Waiting OpenMP threads sleep instead of spinning: on a machine shared with other work a
+# spinning thread takes a core from them and from our own descheduled threads (see
+# generate.default_threads). libgomp reads this once, when torch loads it, so it is set here,
+# before any engine module imports torch; a value the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _LAZY = {"CheckpointError": ".config", "ModelConfig": ".config", "DenseKVState": ".dense",
          "Engine": ".generate", "GenerationResult": ".generate", "Rope": ".rope"}
