@@ -105,7 +105,13 @@ def token_table(engine) -> TokenTable:
     return _TOKEN_TABLES[id(engine)]
 
 
-def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], None] | None) -> Generate:
+# on_progress(step, done, total): "retrieving", "loading model", "prefilling" (prompt tokens
+# done / total, after each chunk), "verifying" (generation is over); the CLI shows them.
+Progress = Callable[[str, int, int], None]
+
+
+def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], None] | None,
+                    on_progress: Progress | None = None) -> Generate:
     """The engine as a `Generate`; called with a `QuotePlan` too, it decodes under that plan."""
 
     def generate(messages: list[dict[str, str]], plan: QuotePlan | None = None) -> str:
@@ -120,7 +126,10 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
             temperature=settings.temperature,
             on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
             choose=decoder,
+            on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None,
         )
+        if on_progress:
+            on_progress("verifying", 0, 0)
         generate.result = result
         generate.quote_margin = decoder.quote_margin if decoder is not None else None
         return result.text
@@ -133,7 +142,7 @@ _SLOT = "\u0000QUESTION\u0000"
 
 
 def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
-                    on_token: Callable[[str], None] | None) -> tuple[str, dict]:
+                    on_token: Callable[[str], None] | None, on_progress: Progress | None = None) -> tuple[str, dict]:
     """Generate over the whole document with the sparse engine, reusing the document's
     cached KV: the prompt is split where the question goes, the part before it (system
     prompt + document) is the per-document prefix, and only the rest is prefilled when the
@@ -157,16 +166,22 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
     rest_ids = engine.tokenizer.encode(question + tail, add_bos=False)
     t0 = time.perf_counter()
     state, cached = cache.get_state(doc.content_sha256, prefix_ids)
+    total = len(prefix_ids) - cached + len(rest_ids)
     if cached < len(prefix_ids):
+        on_chunk = (lambda done, _: on_progress("prefilling", done, total)) if on_progress else None
         with torch.inference_mode():
             engine.model(torch.tensor(prefix_ids[cached:], dtype=torch.long, device=engine.device), state, last_only=True,
-                         chunk_size=engine.prefill_chunk)
+                         chunk_size=engine.prefill_chunk, on_chunk=on_chunk)
         cache.save(doc.content_sha256, prefix_ids, state)
     t1 = time.perf_counter()
     result = engine.generate(
         rest_ids, max_new_tokens=settings.max_tokens, state=state, temperature=settings.temperature,
         on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
+        on_prefill=(lambda done, _: on_progress("prefilling", total - len(rest_ids) + done, total))
+        if on_progress else None,
     )
+    if on_progress:
+        on_progress("verifying", 0, 0)
     timings = {
         "prefix_tokens": float(len(prefix_ids)), "cached_tokens": float(cached),
         "prefilled_tokens": float(len(prefix_ids) - cached + len(rest_ids)),
@@ -183,6 +198,7 @@ def ask(
     settings: AskSettings = AskSettings(),
     *,
     on_token: Callable[[str], None] | None = None,
+    on_progress: Progress | None = None,
     query: str | None = None,
     library: Library | None = None,
     job_id: str | None = None,
@@ -194,6 +210,8 @@ def ask(
     `query`, when given, is what retrieval searches with instead of the question (a checklist
     item's question plus its hints); the model and the stored run see the question itself."""
     t0 = time.perf_counter()
+    if on_progress:
+        on_progress("retrieving", 0, 0)
     library = library or Library(store)
     docs, passages = library.load(refs)
     # Enough passages that the evidence can show `settings.evidence` distinct pages; the
@@ -205,9 +223,11 @@ def ask(
     model_name = None
     count_tokens = None
     if not settings.evidence_only:
+        if on_progress:
+            on_progress("loading model", 0, 0)
         engine = load_engine(settings.model, settings.device)
         model_name = str(engine.checkpoint.path)
-        generate = engine_generate(engine, settings, on_token)
+        generate = engine_generate(engine, settings, on_token, on_progress)
         count_tokens = lambda text: len(engine.tokenizer.encode(text, add_bos=False))  # noqa: E731
     t2 = time.perf_counter()
     kwargs = {"count_tokens": count_tokens} if count_tokens else {}
@@ -215,7 +235,7 @@ def ask(
         if len(docs) != 1:
             raise DocqaError("--read-all reads one document; ask about several without it")
         (doc,) = docs.values()
-        raw, engine_timings = read_all_answer(engine, doc, question, settings, on_token)
+        raw, engine_timings = read_all_answer(engine, doc, question, settings, on_token, on_progress)
         evidence = evidence_citations(docs, ranked, settings.evidence)
         answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence,
                               subject=subject_words(question) if settings.subject_check else None)

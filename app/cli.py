@@ -10,6 +10,7 @@ with `app.add_typer(...)`; use `db_option`, `json_option` and `cli_errors` from 
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -281,6 +282,7 @@ def ask(
     device: Annotated[
         Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")
     ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no streamed draft on stderr.")] = False,
     db: db_option = None,
     as_json: json_option = False,
 ) -> None:
@@ -303,27 +305,89 @@ def ask(
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
                            budget_tokens=budget, read_all=read_all, quote=not free_text, device=device,
                            subject_check=subject_check, **margin)
-    stream = err.is_terminal and not as_json
-
-    def on_token(delta: str) -> None:
-        err.file.write(delta)
-        err.file.flush()
-
     if map_reduce and (evidence_only or read_all):
         raise typer.BadParameter("--map-reduce needs a model and reads segments itself")
-    with open_store(db) as store:
+    # On a terminal the draft streams, and until its first token a spinner shows the step;
+    # elsewhere (a log, a pipe) each step is a line. --quiet and --json show neither.
+    show = not (quiet or as_json)
+    stream = show and err.is_terminal and not evidence_only and not map_reduce
+    with open_store(db) as store, StepProgress(err, enabled=show and not (map_reduce or evidence_only)) as progress:
+
+        def on_token(delta: str) -> None:
+            if progress.active:
+                progress.stop()
+                err.print("draft (unverified): ", end="")
+            err.file.write(delta)
+            err.file.flush()
+
         if map_reduce:
             run = _map_reduce(store, refs, question, settings)
         else:
-            if stream and not evidence_only:
-                err.print("draft (unverified): ", end="")
-            run = run_ask(store, refs, question, settings, on_token=on_token if stream else None)
-    if stream and not evidence_only and not map_reduce:
-        err.print()
+            run = run_ask(store, refs, question, settings, on_token=on_token if stream else None,
+                          on_progress=progress.step if show else None)
+        if stream and not progress.active:
+            err.print()
     if as_json:
         print_json(run_json(run))
     else:
         print_run(run)
+
+
+class StepProgress:
+    """Where a long `ask` is, on stderr: the step (retrieving, loading model, prefilling,
+    generating, verifying) with the elapsed time, and while prefilling the prompt tokens
+    done / total with the rate and the time left. On a terminal: a spinner line rewritten in
+    place (stopped when the draft starts streaming). Elsewhere: one line per step, and a
+    prefill line whenever another tenth of the prompt is done. (An evidence-only ask takes
+    under a second and shows none.)"""
+
+    def __init__(self, console, *, enabled: bool):
+        self.console, self.enabled = console, enabled
+        self.live = enabled and console.is_terminal
+        self.t0 = time.monotonic()
+        self.active = False
+        self._status = None
+        self._last = ("", -1)  # (step, tenth) last printed as a line
+
+    def __enter__(self) -> StepProgress:
+        if self.live:
+            self._status = self.console.status("starting", spinner="dots")
+            self._status.start()
+            self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.active:
+            self._status.stop()
+            self.active = False
+
+    def step(self, name: str, done: int = 0, total: int = 0) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.t0
+        text = f"{name} ({elapsed:.0f} s)"
+        tenth = -1
+        if name == "prefilling" and total:
+            if done >= total:  # the prompt is in: say so (a one-chunk prompt has no other line)
+                if not self.live and self._last[0] != "prefilling":
+                    self.console.print(f"prefilling {total:,}/{total:,} prompt tokens ({elapsed:.0f} s)")
+                name, text = "generating", f"generating ({elapsed:.0f} s)"
+            else:
+                self._prefill_t0 = getattr(self, "_prefill_t0", None) or (time.monotonic(), done)
+                t_start, d_start = self._prefill_t0
+                rate = (done - d_start) / max(time.monotonic() - t_start, 1e-9)
+                eta = f", {(total - done) / rate:.0f} s left" if rate > 0 and done > d_start else ""
+                text = (f"prefilling {done:,}/{total:,} prompt tokens"
+                        + (f" ({rate:.0f} tok/s{eta})" if done > d_start else "") + f" ({elapsed:.0f} s)")
+                tenth = done * 10 // total
+        if self.active:
+            self._status.update(text)
+        elif not self.live and (name, tenth) != self._last:
+            self._last = (name, tenth)
+            self.console.print(text)
 
 
 def _map_reduce(store, refs, question, settings):
