@@ -37,7 +37,7 @@ def few_gemv_configs(monkeypatch):
 # module global whose value is a path under the corpus (or a collection of such), or the test is
 # parametrized with such a path.
 
-CORPUS_MISSING = f"needs the shared corpus at {CORPUS} (absent; see README: Tests)"
+CORPUS_MISSING = f"needs the shared corpus at {CORPUS}, which is absent"
 
 
 def _under_corpus(value, depth: int = 0) -> bool:
@@ -95,10 +95,18 @@ def pytest_report_header(config) -> str:
     return f"corpus: {CORPUS} " + ("present" if CORPUS.is_dir() else "ABSENT: tests that read it are skipped")
 
 
+_CORPUS_KEY = pytest.StashKey[bool]()
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     if CORPUS.is_dir():
         return
-    skip = pytest.mark.skip(reason=CORPUS_MISSING)
     for item in items:
-        if _needs_corpus(item):
-            item.add_marker(skip)
+        item.stash[_CORPUS_KEY] = _needs_corpus(item)
+
+
+def pytest_runtest_setup(item) -> None:
+    # Skipped here rather than by a mark so that `-ra` folds them into one summary line with
+    # their count ("SKIPPED [83] tests/conftest.py:…: needs the shared corpus …").
+    if item.stash.get(_CORPUS_KEY, False):
+        pytest.skip(CORPUS_MISSING)
