@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import shlex
 import sqlite3
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from docqa.app.cli import app
-from docqa.app.clikit import EXIT_ERROR, EXIT_NOTHING_INGESTED
+from docqa.app.clikit import EXIT_NOTHING_INGESTED
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
 
 USAGE_EXIT = 2  # click's exit code for a usage error

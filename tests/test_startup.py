@@ -32,7 +32,7 @@ def probe(commands: list[list[str]], env: dict) -> dict:
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def env(tmp_path):
     import os
 
     return {**os.environ, "DOCQA_DB": str(tmp_path / "d.db"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
