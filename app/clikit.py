@@ -146,9 +146,19 @@ def read_stdin(max_bytes: int):
     return Source(path=name, data=data, type=kind, doc_id=doc_id, sha256=sha256)
 
 
-def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
-    from ..pipelines.ingest import build, load
+def load(path: Path, **kw):
+    from ..pipelines.ingest import load
 
+    return load(path, **kw)
+
+
+def build(source, **kw):
+    from ..pipelines.ingest import build
+
+    return build(source, **kw)
+
+
+def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
     source = read_stdin(max_bytes) if path == STDIN else load(path, max_bytes=max_bytes)
     if store.has(source.doc_id):
         # Known content: skip parsing entirely.

@@ -37,6 +37,7 @@ def few_gemv_configs(monkeypatch):
 # module global whose value is a path under the corpus (or a collection of such), or the test is
 # parametrized with such a path.
 
+_ROOT = Path(__file__).resolve().parents[1]
 CORPUS_MISSING = f"needs the shared corpus at {CORPUS}, which is absent"
 
 
@@ -65,8 +66,18 @@ def _reads_corpus(func, module_globals: dict, seen: set) -> bool:
     if code is None or code in seen:
         return False
     seen.add(code)
-    for name in _names(code):
+    if _under_corpus(list(getattr(func, "__defaults__", None) or ())):  # def f(gold=GOLD)
+        return True
+    names = _names(code)
+    for name in names:
         value = module_globals.get(name)
+        if isinstance(value, types.ModuleType) and _ROOT in Path(getattr(value, "__file__", None) or "/").parents:
+            # `bench_module.gold_spans()`: the attributes used of one of our own modules
+            for attr in names:
+                v = getattr(value, attr, None)
+                if _under_corpus(v) or (isinstance(v, types.FunctionType) and _reads_corpus(v, v.__globals__, seen)):
+                    return True
+            continue
         if _under_corpus(value) or _under_corpus(vars(corpus).get(name)):  # also `from corpus import X` in a body
             return True
         if isinstance(value, types.FunctionType) and _reads_corpus(value, value.__globals__, seen):
