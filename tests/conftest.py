@@ -60,6 +60,12 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
+def _ours(module: types.ModuleType) -> bool:
+    """A module of this repository (bench/, the package), not an installed library."""
+    path = Path(getattr(module, "__file__", None) or "/").resolve()
+    return _ROOT in path.parents and "site-packages" not in path.parts
+
+
 def _reads_corpus(func, module_globals: dict, seen: set) -> bool:
     func = inspect.unwrap(getattr(func, "__func__", func))
     code = getattr(func, "__code__", None)
@@ -71,7 +77,7 @@ def _reads_corpus(func, module_globals: dict, seen: set) -> bool:
     names = _names(code)
     for name in names:
         value = module_globals.get(name)
-        if isinstance(value, types.ModuleType) and _ROOT in Path(getattr(value, "__file__", None) or "/").parents:
+        if isinstance(value, types.ModuleType) and _ours(value):
             # `bench_module.gold_spans()`: the attributes used of one of our own modules
             for attr in names:
                 v = getattr(value, attr, None)
