@@ -113,7 +113,13 @@ def token_table(engine) -> TokenTable:
     return _TOKEN_TABLES[id(engine)]
 
 
-def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], None] | None) -> Generate:
+# on_progress(step, done, total): "retrieving", "loading model", "prefilling" (prompt tokens
+# done / total, after each chunk), "verifying" (generation is over); the CLI shows them.
+Progress = Callable[[str, int, int], None]
+
+
+def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], None] | None,
+                    on_progress: Progress | None = None) -> Generate:
     """The engine as a `Generate`; called with a `QuotePlan` too, it decodes under that plan."""
 
     def generate(messages: list[dict[str, str]], plan: QuotePlan | None = None) -> str:
@@ -128,7 +134,10 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
             temperature=settings.temperature,
             on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
             choose=decoder,
+            on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None,
         )
+        if on_progress:
+            on_progress("verifying", 0, 0)
         generate.result = result
         generate.quote_margin = decoder.quote_margin if decoder is not None else None
         return result.text
@@ -152,14 +161,15 @@ class Model:
     can_quote: bool = True  # quote-constrained decoding needs the model's logits
 
 
-def open_model(settings: AskSettings, on_token: Callable[[str], None] | None = None) -> Model:
+def open_model(settings: AskSettings, on_token: Callable[[str], None] | None = None,
+               on_progress: Progress | None = None) -> Model:
     """The embedded engine or a model server, as `settings.model` (or `DOCQA_MODEL`) names it."""
     spec = resolve_model(settings.model)
     if is_remote(spec):
         remote = RemoteModel.parse(spec).resolved()
         return Model(remote.name, remote_generate(remote, settings, on_token), can_quote=False)
     engine = load_engine(spec, settings.device)
-    return Model(str(engine.checkpoint.path), engine_generate(engine, settings, on_token),
+    return Model(str(engine.checkpoint.path), engine_generate(engine, settings, on_token, on_progress),
                  lambda text: len(engine.tokenizer.encode(text, add_bos=False)), engine)
 
 
@@ -179,7 +189,7 @@ _SLOT = "\u0000QUESTION\u0000"
 
 
 def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
-                    on_token: Callable[[str], None] | None) -> tuple[str, dict]:
+                    on_token: Callable[[str], None] | None, on_progress: Progress | None = None) -> tuple[str, dict]:
     """Generate over the whole document with the sparse engine, reusing the document's
     cached KV: the prompt is split where the question goes, the part before it (system
     prompt + document) is the per-document prefix, and only the rest is prefilled when the
@@ -196,7 +206,10 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
     rest_ids = tok.encode(question + tail, add_bos=False)
     result, timings = engine.generate_on_document(
         doc.content_sha256, prefix_ids, rest_ids, settings.max_tokens, temperature=settings.temperature,
-        on_token=(lambda _id, delta: on_token(delta)) if on_token else None)
+        on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
+        on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None)
+    if on_progress:
+        on_progress("verifying", 0, 0)
     return result.text, timings
 
 
@@ -207,6 +220,7 @@ def ask(
     settings: AskSettings = AskSettings(),
     *,
     on_token: Callable[[str], None] | None = None,
+    on_progress: Progress | None = None,
     query: str | None = None,
     library: Library | None = None,
     job_id: str | None = None,
@@ -218,6 +232,8 @@ def ask(
     `query`, when given, is what retrieval searches with instead of the question (a checklist
     item's question plus its hints); the model and the stored run see the question itself."""
     t0 = time.perf_counter()
+    if on_progress:
+        on_progress("retrieving", 0, 0)
     library = library or Library(store)
     docs, passages = library.load(refs)
     # Enough passages that the evidence can show `settings.evidence` distinct pages; the
@@ -225,7 +241,11 @@ def ask(
     ranked = retrieve(query or question, docs, passages, fts=library.fts, page_fts=library.page_fts,
                       k=max(settings.passages, EVIDENCE_POOL))
     t1 = time.perf_counter()
-    model = None if settings.evidence_only else open_model(settings, on_token)
+    model = None
+    if not settings.evidence_only:
+        if on_progress:
+            on_progress("loading model", 0, 0)
+        model = open_model(settings, on_token, on_progress)
     generate = model.generate if model else None
     model_name = model.name if model else None
     t2 = time.perf_counter()
@@ -237,7 +257,7 @@ def ask(
             raise DocqaError("--read-all needs the embedded engine (its per-document KV cache); "
                              "a model server answers from retrieved passages")
         (doc,) = docs.values()
-        raw, engine_timings = read_all_answer(model.engine, doc, question, settings, on_token)
+        raw, engine_timings = read_all_answer(model.engine, doc, question, settings, on_token, on_progress)
         evidence = evidence_citations(docs, ranked, settings.evidence)
         answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence, withhold=settings.subject_check)
         answer.timings.update(engine_timings)

@@ -10,6 +10,7 @@ with `app.add_typer(...)`; use `db_option`, `json_option` and `cli_errors` from 
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,20 +21,36 @@ from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest import EXTENSIONS
 from . import config
 from .engine_cli import engine_app
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
-                     error_line, ingest_one, json_option, open_store, out, print_json, short)
+                     error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
 
 app = typer.Typer(
     name="docqa",
     help="Ask long documents exact questions; every answer cites page and line.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"docqa {version('docqa')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                    help="Print the version and exit.")] = False,
+) -> None:
+    pass
+
 
 app.add_typer(engine_app, name="engine")
 
@@ -42,7 +59,8 @@ app.add_typer(engine_app, name="engine")
 def ingest(
     paths: Annotated[
         list[Path],
-        typer.Argument(help="Files or folders (searched recursively).", metavar="PATH..."),
+        typer.Argument(help="Files or folders (searched recursively); - reads one document from stdin.",
+                       metavar="PATH..."),
     ],
     db: db_option = None,
     as_json: json_option = False,
@@ -60,7 +78,7 @@ def ingest(
 
     Exit codes: 0 all ingested; 1 some files failed; 3 nothing ingested.
 
-    Example: docqa ingest contracts/ spec.pdf --json
+    Example: docqa ingest contracts/ spec.pdf --json   (or: curl -s URL | docqa ingest -)
     """
     max_bytes = config.max_file_bytes()
     files = collect_files(paths)
@@ -77,7 +95,7 @@ def ingest(
     ) as progress:
         task = progress.add_task("ingesting", total=len(files))
         for f in files:
-            progress.update(task, description=f.name)
+            progress.update(task, description=printable(f.name))
             try:
                 result = ingest_one(store, f, max_bytes, segment_tokens)
             except IngestError as e:
@@ -99,6 +117,8 @@ def ingest(
     if as_json:
         print_json(results)
     if not files:
+        from ..pipelines.ingest import EXTENSIONS
+
         error_line("no ingestible files found (supported: " + ", ".join(sorted(EXTENSIONS)) + ")")
     ok = len(results) - failed
     if ok == 0:
@@ -108,10 +128,12 @@ def ingest(
 
 
 def _print_ingested(r: dict) -> None:
+    if "warning" in r:
+        err.print(f"warning: {printable(r['path'])}: {r['warning']}")
     note = "" if r["status"] == "added" else f"  ({r['status']})"
     out.print(
         f"{r['doc_id']}  {r['type']:<8} {r['pages']:>5} pages {r['sections']:>5} sections "
-        f"{r['anchors']:>6} anchors {r['segments']:>4} segments  {r['path']}{note}"
+        f"{r['anchors']:>6} anchors {r['segments']:>4} segments  {printable(r['path'])}{note}"
     )
 
 
@@ -261,6 +283,7 @@ def ask(
     device: Annotated[
         Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")
     ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no streamed draft on stderr.")] = False,
     db: db_option = None,
     as_json: json_option = False,
 ) -> None:
@@ -286,27 +309,89 @@ def ask(
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
                            budget_tokens=budget, read_all=read_all, quote=not free_text, device=device,
                            subject_check=subject_check, **margin)
-    stream = err.is_terminal and not as_json
-
-    def on_token(delta: str) -> None:
-        err.file.write(delta)
-        err.file.flush()
-
     if map_reduce and (evidence_only or read_all):
         raise typer.BadParameter("--map-reduce needs a model and reads segments itself")
-    with open_store(db) as store:
+    # On a terminal the draft streams, and until its first token a spinner shows the step;
+    # elsewhere (a log, a pipe) each step is a line. --quiet and --json show neither.
+    show = not (quiet or as_json)
+    stream = show and err.is_terminal and not evidence_only and not map_reduce
+    with open_store(db) as store, StepProgress(err, enabled=show and not (map_reduce or evidence_only)) as progress:
+
+        def on_token(delta: str) -> None:
+            if progress.active:
+                progress.stop()
+                err.print("draft (unverified): ", end="")
+            err.file.write(delta)
+            err.file.flush()
+
         if map_reduce:
             run = _map_reduce(store, refs, question, settings)
         else:
-            if stream and not evidence_only:
-                err.print("draft (unverified): ", end="")
-            run = run_ask(store, refs, question, settings, on_token=on_token if stream else None)
-    if stream and not evidence_only and not map_reduce:
-        err.print()
+            run = run_ask(store, refs, question, settings, on_token=on_token if stream else None,
+                          on_progress=progress.step if show else None)
+        if stream and not progress.active:
+            err.print()
     if as_json:
         print_json(run_json(run))
     else:
         print_run(run, show_draft=show_draft)
+
+
+class StepProgress:
+    """Where a long `ask` is, on stderr: the step (retrieving, loading model, prefilling,
+    generating, verifying) with the elapsed time, and while prefilling the prompt tokens
+    done / total with the rate and the time left. On a terminal: a spinner line rewritten in
+    place (stopped when the draft starts streaming). Elsewhere: one line per step, and a
+    prefill line whenever another tenth of the prompt is done. (An evidence-only ask takes
+    under a second and shows none.)"""
+
+    def __init__(self, console, *, enabled: bool):
+        self.console, self.enabled = console, enabled
+        self.live = enabled and console.is_terminal
+        self.t0 = time.monotonic()
+        self.active = False
+        self._status = None
+        self._last = ("", -1)  # (step, tenth) last printed as a line
+
+    def __enter__(self) -> StepProgress:
+        if self.live:
+            self._status = self.console.status("starting", spinner="dots")
+            self._status.start()
+            self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.active:
+            self._status.stop()
+            self.active = False
+
+    def step(self, name: str, done: int = 0, total: int = 0) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.t0
+        text = f"{name} ({elapsed:.0f} s)"
+        tenth = -1
+        if name == "prefilling" and total:
+            if done >= total:  # the prompt is in: say so (a one-chunk prompt has no other line)
+                if not self.live and self._last[0] != "prefilling":
+                    self.console.print(f"prefilling {total:,}/{total:,} prompt tokens ({elapsed:.0f} s)")
+                name, text = "generating", f"generating ({elapsed:.0f} s)"
+            else:
+                self._prefill_t0 = getattr(self, "_prefill_t0", None) or (time.monotonic(), done)
+                t_start, d_start = self._prefill_t0
+                rate = (done - d_start) / max(time.monotonic() - t_start, 1e-9)
+                eta = f", {(total - done) / rate:.0f} s left" if rate > 0 and done > d_start else ""
+                text = (f"prefilling {done:,}/{total:,} prompt tokens"
+                        + (f" ({rate:.0f} tok/s{eta})" if done > d_start else "") + f" ({elapsed:.0f} s)")
+                tenth = done * 10 // total
+        if self.active:
+            self._status.update(text)
+        elif not self.live and (name, tenth) != self._last:
+            self._last = (name, tenth)
+            self.console.print(text)
 
 
 def _map_reduce(store, refs, question, settings):

@@ -10,18 +10,17 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
 
-from ..engine.config import CheckpointError
-from ..engine.device import DeviceError
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest import EXTENSIONS, build, load
 from . import config
 from .errors import DocqaError
-from .store import Store
+
+if TYPE_CHECKING:
+    from .store import Store
 
 # Exit codes (documented in `docqa ingest --help`).
 EXIT_OK = 0
@@ -44,12 +43,28 @@ db_option = Annotated[
 json_option = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
+# The store, the parsers and the engine are imported inside the functions that use them:
+# `docqa --help`, `docs` and `show` must not pay for torch (see bench/startup.py).
+
+
 def open_store(db: Path | None) -> Store:
+    from .store import Store
+
     return Store(db if db is not None else config.default_db_path())
 
 
+_CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7f, 0xa0))} | {
+    0x09: "\\t", 0x0a: "\\n", 0x0d: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def printable(text: str) -> str:
+    """Control characters written as escapes (`\\n`, `\\x1b`): a file name with a newline must
+    not split a one-line message, nor one with ANSI codes drive the terminal."""
+    return text.translate(_CONTROL)
+
+
 def error_line(message: str) -> None:
-    err.print(f"error: {message}")
+    err.print(f"error: {printable(message)}")
 
 
 def cli_errors(command: Callable) -> Callable:
@@ -59,12 +74,12 @@ def cli_errors(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (DocqaError, IngestError, CheckpointError, DeviceError) as e:
-            error_line(str(e))
-            raise typer.Exit(EXIT_ERROR) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt, SystemExit):
-            raise
+        except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt, SystemExit):
+            raise  # click prints a usage error (typer.BadParameter) with the usage line, exit 2
         except Exception as e:
+            if isinstance(e, _user_error_types()):
+                error_line(str(e))
+                raise typer.Exit(EXIT_ERROR) from None
             if config.debug():
                 raise
             error_line(f"unexpected {type(e).__name__}: {e} (DOCQA_DEBUG=1 shows the traceback)")
@@ -73,16 +88,35 @@ def cli_errors(command: Callable) -> Callable:
     return wrapper
 
 
+def _user_error_types() -> tuple[type[Exception], ...]:
+    """The errors that are the user's, not bugs. The engine's are looked up only if their
+    module was imported (an error cannot come from a module never loaded), so that the CLI
+    starts without importing torch."""
+    engine = __name__.rsplit(".", 2)[0] + ".engine"
+    types: list[type[Exception]] = [DocqaError, IngestError]
+    for module, name in ((".config", "CheckpointError"), (".device", "DeviceError")):
+        if (m := sys.modules.get(engine + module)) is not None:
+            types.append(getattr(m, name))
+    return tuple(types)
+
+
 def print_json(value) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
+
+
+STDIN = Path("-")  # as a PATH to ingest: read the document from standard input
 
 
 def collect_files(paths: list[Path]) -> list[Path]:
     """Files named directly (any type: an unsupported one is then reported) and, below
     folders, the files with a supported extension, sorted, skipping hidden ones."""
+    from ..pipelines.ingest import EXTENSIONS
+
     found: list[Path] = []
     for p in paths:
-        if p.is_dir():
+        if p == STDIN:
+            found.append(p)
+        elif p.is_dir():
             for f in sorted(p.rglob("*")):
                 rel = f.relative_to(p).parts
                 if f.is_file() and f.suffix.lower() in EXTENSIONS and not any(
@@ -94,8 +128,38 @@ def collect_files(paths: list[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+def read_stdin(max_bytes: int):
+    """`-` as a file: the document is read from standard input and its type sniffed from its
+    bytes (PDF magic, an HTML tag near the start, else text). Recorded with the path `<stdin>`."""
+    from ..pipelines.ingest import Source, doc_id_for, detect_type
+
+    name = Path("<stdin>")
+    data = sys.stdin.buffer.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise IngestError(str(name), f"input too large (the limit is {max_bytes:,} bytes)")
+    if not data:
+        raise IngestError(str(name), "empty input (0 bytes)")
+    head = data[:1024].lstrip().lower()
+    ext = ".html" if head.startswith((b"<!doctype html", b"<html", b"<?xml")) or b"<html" in head else ".txt"
+    kind = detect_type(name.with_suffix(ext), data)
+    doc_id, sha256 = doc_id_for(data)
+    return Source(path=name, data=data, type=kind, doc_id=doc_id, sha256=sha256)
+
+
+def load(path: Path, **kw):
+    from ..pipelines.ingest import load
+
+    return load(path, **kw)
+
+
+def build(source, **kw):
+    from ..pipelines.ingest import build
+
+    return build(source, **kw)
+
+
 def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
-    source = load(path, max_bytes=max_bytes)
+    source = read_stdin(max_bytes) if path == STDIN else load(path, max_bytes=max_bytes)
     if store.has(source.doc_id):
         # Known content: skip parsing entirely.
         status = store.add_path(source.doc_id, str(source.path))
@@ -107,6 +171,9 @@ def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) ->
         status = store.add_document(doc).status
         counts = dict(pages=len(doc.pages), sections=len(doc.sections),
                       anchors=len(doc.anchors), segments=len(doc.segments), type=doc.type)
+        encoding = str((doc.metadata or {}).get("encoding", ""))
+        if "replaced" in encoding:  # pipelines/text.py: mostly UTF-8, a few bytes damaged
+            counts["warning"] = f"decoded as {encoding}"
     return {"doc_id": source.doc_id, "path": str(source.path), "type": counts.pop("type"),
             **counts, "status": status}
 

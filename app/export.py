@@ -166,8 +166,15 @@ def to_json(report: Report) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2) + "\n"
 
 
+# Document text is data in Markdown too: HTML (`<img src=...>`), links and images
+# (`[x](url)`, `![x](url)`, `[x]: url`), code spans and emphasis must not render from it.
+# Brackets, `!`, backticks, `*`, `_` and backslashes are backslash-escaped (CommonMark), and
+# `& < >` become entities, which also stops autolinks `<https://...>`.
+_MD_ESCAPES = {ord(c): "\\" + c for c in "\\`*_[]!"} | {ord("&"): "&amp;", ord("<"): "&lt;", ord(">"): "&gt;"}
+
+
 def _md_escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.translate(_MD_ESCAPES)
 
 
 def _md_quote(text: str) -> str:

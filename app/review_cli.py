@@ -3,8 +3,9 @@ app.export and app.tui, registered on the main app by `register(app)`."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
@@ -14,10 +15,12 @@ from rich.text import Text
 from ..pipelines.errors import IngestError
 from . import config
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
-                     error_line, ingest_one, json_option, open_store, out, print_json, short)
+                     error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
 from .errors import DocqaError
-from .store import Store
 from .tables import review_table
+
+if TYPE_CHECKING:  # imported for annotations only: `docqa --help` must not load the store
+    from .store import Store
 
 
 def _documents(store: Store, paths: list[Path], executor=None, on_file=None) -> list[tuple[str, str]]:
@@ -185,9 +188,9 @@ def _print_summary(store: Store, summary) -> None:
             rows.append((item.id, run.status, short(text, 160)))
         out.print(review_table(rows))
     err.print(
-        f"job {summary.job_id}: {summary.answered_now} answered now, {summary.done_before} already done, "
+        f"job {printable(summary.job_id)}: {summary.answered_now} answered now, {summary.done_before} already done, "
         f"{len(summary.failed)} failed, {summary.conflicts} conflict finding(s) in {summary.elapsed_s:.1f} s; "
-        f"report: docqa export {summary.job_id} --format html -o report.html"
+        f"report: docqa export {shlex.quote(summary.job_id)} --format html -o report.html"
     )
 
 

@@ -32,8 +32,25 @@ def _one_line(text: str | None, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+# Each view's footer lists every key that does something there. The widgets' own enter keys
+# are hidden by textual, so they are re-declared, shown, with what enter does in that view.
+
+
+class NavTree(Tree):
+    BINDINGS = [Binding("enter", "select_cursor", "show rows")]
+
+
+class Rows(DataTable):
+    BINDINGS = [Binding("enter", "select_cursor", "open")]
+
+
+class Cites(OptionList):
+    BINDINGS = [Binding("enter", "select", "open cited page"), Binding("n", "cursor_down", "next", show=False),
+                Binding("p", "cursor_up", "previous", show=False)]
+
+
 class HomeScreen(Screen):
-    BINDINGS = [Binding("q", "app.quit", "quit"), Binding("tab", "app.focus_next", "next pane")]
+    BINDINGS = [Binding("tab", "app.focus_next", "next pane"), Binding("q", "app.quit", "quit")]
     DEFAULT_CSS = """
     #nav { width: 28; border-right: solid $primary-darken-2; }
     #rows { width: 1fr; }
@@ -46,8 +63,8 @@ class HomeScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         with Horizontal():
-            yield Tree("docqa", id="nav")
-            yield DataTable(id="rows", cursor_type="row", zebra_stripes=True)
+            yield NavTree("docqa", id="nav")
+            yield Rows(id="rows", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -158,11 +175,14 @@ class AnswerScreen(Screen):
             prompt.append(f"{role:<8} {c.label()} ", style="bold")
             prompt.append(_one_line(c.quote, 200))
             options.append(Option(prompt, id=f"c{i}"))
-        yield OptionList(*options, id="cites")
+        yield Cites(*options, id="cites")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#cites", OptionList).focus()
+        cites = self.query_one("#cites", OptionList)
+        cites.focus()
+        if cites.option_count:
+            cites.highlighted = 0  # enter opens the first citation without a move first
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         _, c = self.cites[int(event.option.id[1:])]

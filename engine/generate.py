@@ -41,15 +41,38 @@ class GenerationResult:
 
 
 def default_threads() -> int:
-    """`DOCQA_THREADS`, else the cores visible to this process. On a machine whose cores are busy
-    with other work, 1 thread can be several times faster than 2 (OpenMP threads wait on each
-    other), hence the override."""
+    """`DOCQA_THREADS`, else one thread per core that is not already busy.
+
+    Cores are the ones visible to this process; busy ones are counted from the 1-minute load
+    average. On a shared machine every OpenMP thread of a matmul waits at its end for the
+    slowest one, and a thread whose core runs someone else's process is descheduled for whole
+    time slices: 2 threads on 2 busy cores decoded ~90x slower than on an idle core, where
+    1 thread gets its fair share (bench/results/cpu_contention.md). Threads also sleep rather
+    than spin while they wait (OMP_WAIT_POLICY=PASSIVE, set in engine/__init__.py before torch
+    loads), so our own waiting threads do not take time from the others either."""
     if os.environ.get("DOCQA_THREADS"):
         return max(1, int(os.environ["DOCQA_THREADS"]))
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, round(cores - _busy_cores())))
+
+
+def _busy_cores() -> float:
+    """Cores other work keeps busy: the 1-minute load average, or the processes runnable right
+    now (/proc/loadavg's 4th field, less this one) when higher, since the average lags a minute
+    behind work that just started."""
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 0.0
+    try:
+        with open("/proc/loadavg") as f:
+            busy = max(busy, int(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        pass
+    return busy
 
 
 def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
@@ -277,10 +300,14 @@ class Engine:
         t0 = time.perf_counter()
         need = len(prefix_ids) + len(rest_ids) + max_new_tokens + GREEDY_SYNC_EVERY
         state, cached = cache.get_state(doc_key, prefix_ids, capacity=need)
-        if cached < len(prefix_ids):
-            self.prefill(prefix_ids[cached:], state, on_chunk=on_prefill)
+        doc_part = len(prefix_ids) - cached
+        total = doc_part + len(rest_ids)  # progress counts the document's part and the question's as one
+        if doc_part:
+            self.prefill(prefix_ids[cached:], state,
+                         on_chunk=(lambda done, _: on_prefill(done, total)) if on_prefill else None)
         t1 = time.perf_counter()
-        result = self.generate(rest_ids, max_new_tokens, state=state, temperature=temperature, on_token=on_token)
+        result = self.generate(rest_ids, max_new_tokens, state=state, temperature=temperature, on_token=on_token,
+                               on_prefill=(lambda done, _: on_prefill(doc_part + done, total)) if on_prefill else None)
         t2 = time.perf_counter()
         saved = cache.save(doc_key, prefix_ids, state)  # after the answer, which the user sees first
         timings = {

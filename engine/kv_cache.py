@@ -18,6 +18,7 @@ appends never reach the cached copy.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections import OrderedDict
@@ -61,8 +62,20 @@ class Segment:
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
 
 
+def segment_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over the tensors' bytes, by name. Stored in a segment file's header: a file whose
+    tensor bytes were overwritten (header and size intact) is otherwise served as valid K/V."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(name.encode() + str(tuple(t.shape)).encode() + str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
+    return h.hexdigest()
+
+
 def write_segment_file(path: Path, seg: Segment, metadata: dict[str, str] | None = None) -> None:
-    """Persist a full segment (K/V, descriptors) atomically: readers never see half a file."""
+    """Persist a full segment (K/V, descriptors) atomically: readers never see half a file. A
+    writer killed mid-write leaves only a `*.tmp` file, which the prefix cache removes later."""
     assert seg.k is not None
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -72,10 +85,12 @@ def write_segment_file(path: Path, seg: Segment, metadata: dict[str, str] | None
         "kmax": seg.kmax.contiguous(),
         "kmean": seg.kmean.contiguous(),
     }
-    meta = {"start": str(seg.start), "size": str(seg.size), "length": str(seg.length)}
+    tensors = {n: t.cpu() for n, t in tensors.items()}
+    meta = {"start": str(seg.start), "size": str(seg.size), "length": str(seg.length),
+            "sha256": segment_checksum(tensors)}
     meta.update(metadata or {})
     tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-    save_file({n: t.cpu() for n, t in tensors.items()}, str(tmp), metadata=meta)
+    save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, path)
 
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
@@ -32,8 +34,14 @@ from typing import Sequence
 import torch
 from safetensors import safe_open
 
-from .kv_cache import Segment, write_segment_file
+from .kv_cache import Segment, segment_checksum, write_segment_file
 from .settings import EngineSettings
+
+
+log = logging.getLogger(__name__)
+
+# A `*.tmp` file older than this was left by a writer that died (a write takes seconds).
+STALE_TMP_S = 3600
 
 
 def default_cache_dir() -> Path:
@@ -268,9 +276,17 @@ class PrefixCache:
                 meta = f.metadata()
                 if meta.get("namespace") != ns or tuple(json.loads(meta["token_ids"])) != ids:
                     return None
-                t = {name: f.get_tensor(name) for name in ("kmin", "kmax", "kmean")}
+                t = {name: f.get_tensor(name) for name in f.keys()}
         except Exception:  # missing, truncated or foreign file: a miss, never an error
             return None
+        # Every disk hit checks the tensor bytes (K/V included, though they are paged in later:
+        # the OS keeps them cached): a damaged file is recomputed, never served.
+        if meta.get("sha256") != segment_checksum(t):
+            log.warning("prefix cache: %s failed its checksum (damaged file); recomputing that "
+                        "segment and removing the file", path)
+            path.unlink(missing_ok=True)
+            return None
+        del t["k"], t["v"]
         os.utime(path)  # disk LRU is by last use, recorded as mtime (atime may be off)
         size = int(meta["size"])
         # K/V stay on disk until a query reads them; descriptors (small) come in now.
@@ -288,6 +304,13 @@ class PrefixCache:
                 old.k = old.v = None
 
     def _trim_disk(self) -> None:
+        stale = time.time() - STALE_TMP_S
+        for p in self.cache_dir.glob("*/*.tmp"):  # left by a writer killed mid-write
+            try:
+                if p.stat().st_mtime < stale:
+                    p.unlink()
+            except OSError:  # another process removed or replaced it first
+                pass
         files = []
         for p in self.cache_dir.glob("*/*.safetensors"):
             st = p.stat()

@@ -13,8 +13,10 @@ heading is unit 1 (when it is not blank), and every heading starts a new unit wh
 line is the heading itself. Lines stay verbatim, so what is shown is what was written.
 
 Encoding rule (never guess into mojibake): a BOM decides (UTF-8, UTF-16, UTF-32); else NUL
-bytes mean a binary file; else strict UTF-8; else charset-normalizer, accepted only when it
-finds the text both free of chaos and coherent in some language; else `IngestError`.
+bytes mean a binary file; else strict UTF-8; else UTF-8 with its few invalid sequences
+replaced, when valid multi-byte characters outnumber them 4:1 (the encoding recorded says
+how many); else charset-normalizer, accepted only when it finds the text both free of chaos
+and coherent in some language; else `IngestError`.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def decode(path, data: bytes, declared: str | None = None) -> tuple[str, str]:
         return data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         pass
+    mostly = _mostly_utf8(data)
+    if mostly is not None:
+        return mostly
     from charset_normalizer import from_bytes
 
     best = from_bytes(data).best()
@@ -88,6 +93,19 @@ def decode(path, data: bytes, declared: str | None = None) -> tuple[str, str]:
     if _CONTROL.search(text):
         raise IngestError(str(path), NOT_DECODABLE)
     return text, best.encoding
+
+
+def _mostly_utf8(data: bytes) -> tuple[str, str] | None:
+    """UTF-8 with a few damaged bytes (a truncated copy, one pasted Latin-1 word) is UTF-8: read
+    as a legacy code page instead, every correct non-ASCII character would become mojibake.
+    Taken when the valid multi-byte characters outnumber the invalid sequences four to one;
+    those are replaced by U+FFFD and the encoding says how many."""
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.count("\ufffd".encode())
+    good = sum(1 for ch in text if ord(ch) > 0x7F and ch != "\ufffd")
+    if good == 0 or bad * 4 > good or _CONTROL.search(text):
+        return None
+    return text, f"utf-8 ({bad} invalid byte sequence{'s' if bad != 1 else ''} replaced by U+FFFD)"
 
 
 # "15.5.5. 404 Not Found", "Appendix A. Collected ABNF", "3.2 Title", "A.1 Title".

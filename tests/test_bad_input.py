@@ -231,3 +231,77 @@ def test_not_a_database_is_one_line(tmp_path):
     res = run(["docs", "--db", str(db)])
     assert res.exit_code == EXIT_ERROR
     assert res.stderr.startswith("error: ") and res.stderr.strip().count("\n") == 0
+
+
+# --- The prefix cache's disk tier (engine/prefix_cache.py) ----------------------------------
+
+
+def _overwrite_tensor_bytes(path: Path) -> None:
+    """Random bytes over every tensor of a safetensors file; its header and size stay intact."""
+    import random
+
+    raw = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little")
+    raw[start:] = random.Random(3).randbytes(len(raw) - start)
+    path.write_bytes(bytes(raw))
+
+
+def test_prefix_cache_file_with_overwritten_tensor_bytes_is_recomputed(tmp_path, caplog):
+    """Issue 17: such a file used to be served as the prefix. Now: one warning naming it, the
+    segment prefilled again (logits equal dense attention's: nothing wrong served, nothing
+    lost), the damaged file removed and written anew from the recomputed K/V."""
+    import torch
+    from docqa.engine.prefix_cache import PrefixCache, chain_hashes
+
+    from test_prefix_cache import CFG, SEG, SETTINGS, TOL, ask, dense_logits, ids, rel_err, tiny_model
+
+    model, doc = tiny_model(), ids(300, 11)
+    kv = tmp_path / "kv"
+    ask(model, PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv), "doc-1", doc + ids(10, 12))
+    files = sorted(kv.glob("*/*.safetensors"), key=lambda p: p.stat().st_mtime)
+    assert len(files) == 2  # two full segments of the 300-token document
+    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv)
+    first = cache._path(chain_hashes(cache.namespace("doc-1"), doc, SEG)[0])
+    size = first.stat().st_size
+    _overwrite_tensor_bytes(first)
+    assert first.stat().st_size == size
+
+    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv)  # a new process: disk tier only
+    prompt = doc + ids(12, 13)
+    with caplog.at_level("WARNING", logger="docqa.engine.prefix_cache"):
+        state, cached = cache.get_state("doc-1", prompt)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(first) in warnings[0].getMessage()
+    assert "checksum" in warnings[0].getMessage() and "\n" not in warnings[0].getMessage()
+    assert cached == 0 and not first.exists()  # the damaged first segment stops the prefix
+    logits = model(torch.tensor(prompt), state, last_only=True)
+    assert rel_err(logits, dense_logits(model, prompt)) < TOL
+    cache.save("doc-1", prompt, state)
+    assert first.exists()  # written anew, and now it serves
+    again = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv)
+    state, cached = again.get_state("doc-1", prompt)
+    assert cached == 2 * SEG and again.hits_disk == 2
+    logits = model(torch.tensor(prompt[cached:]), state, last_only=True)
+    assert rel_err(logits, dense_logits(model, prompt)) < TOL
+
+
+def test_prefix_cache_removes_stale_tmp_files_and_keeps_fresh_ones(tmp_path):
+    """A writer killed between writing its `*.tmp` and renaming it leaves the tmp file; the
+    next save removes it once stale (an hour old), but never one another process is writing."""
+    import os
+    import time
+
+    from docqa.engine.prefix_cache import STALE_TMP_S, PrefixCache
+
+    from test_prefix_cache import CFG, SETTINGS, ask, ids, tiny_model
+
+    kv = tmp_path / "kv"
+    (kv / "ab").mkdir(parents=True)
+    stale, fresh = kv / "ab" / "ab12.0f0f.tmp", kv / "ab" / "ab34.1e1e.tmp"
+    stale.write_bytes(b"half a segment")
+    fresh.write_bytes(b"being written")
+    old = time.time() - STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    ask(tiny_model(), PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv), "doc-1", ids(300, 14))
+    assert not stale.exists() and fresh.exists()
+    assert len(list(kv.glob("*/*.safetensors"))) == 2  # the save itself was not disturbed

@@ -1,0 +1,1 @@
+"""The built-in checklists (YAML), shipped as package data."""
