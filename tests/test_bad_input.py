@@ -257,16 +257,16 @@ def test_prefix_cache_file_with_overwritten_tensor_bytes_is_recomputed(tmp_path,
 
     model, doc = tiny_model(), ids(300, 11)
     kv = tmp_path / "kv"
-    ask(model, PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv), "doc-1", doc + ids(10, 12))
+    ask(model, PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=kv), "doc-1", doc + ids(10, 12))
     files = sorted(kv.glob("*/*.safetensors"), key=lambda p: p.stat().st_mtime)
     assert len(files) == 2  # two full segments of the 300-token document
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv)
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=kv)
     first = cache._path(chain_hashes(cache.namespace("doc-1"), doc, SEG)[0])
     size = first.stat().st_size
     _overwrite_tensor_bytes(first)
     assert first.stat().st_size == size
 
-    cache = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv)  # a new process: disk tier only
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=kv)  # a new process: disk tier only
     prompt = doc + ids(12, 13)
     with caplog.at_level("WARNING", logger="docqa.engine.prefix_cache"):
         state, cached = cache.get_state("doc-1", prompt)
@@ -278,7 +278,7 @@ def test_prefix_cache_file_with_overwritten_tensor_bytes_is_recomputed(tmp_path,
     assert rel_err(logits, dense_logits(model, prompt)) < TOL
     cache.save("doc-1", prompt, state)
     assert first.exists()  # written anew, and now it serves
-    again = PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv)
+    again = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=kv)
     state, cached = again.get_state("doc-1", prompt)
     assert cached == 2 * SEG and again.hits_disk == 2
     logits = model(torch.tensor(prompt[cached:]), state, last_only=True)
@@ -302,6 +302,6 @@ def test_prefix_cache_removes_stale_tmp_files_and_keeps_fresh_ones(tmp_path):
     fresh.write_bytes(b"being written")
     old = time.time() - STALE_TMP_S - 60
     os.utime(stale, (old, old))
-    ask(tiny_model(), PrefixCache(CFG, "model-a", SETTINGS, cache_dir=kv), "doc-1", ids(300, 14))
+    ask(tiny_model(), PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=kv), "doc-1", ids(300, 14))
     assert not stale.exists() and fresh.exists()
     assert len(list(kv.glob("*/*.safetensors"))) == 2  # the save itself was not disturbed
