@@ -133,16 +133,16 @@ class Engine:
             raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
         where = resolve_device(device)  # before reading weights: a bad choice fails at once
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
-        if use_triton and open_checkpoint(resolve_model_path(path)).config.arch not in TRITON_ARCHS:
+        if use_triton:
+            ckpt = open_checkpoint(resolve_model_path(path))
             # GLM and Gemma run their PyTorch models on the device (their kernels are not wired in yet)
-            use_triton = False
+            use_triton = ckpt.config.arch in TRITON_ARCHS
         if use_triton:
             if not has_triton():
                 raise RuntimeError("the CUDA path needs triton: pip install 'docqa[gpu]'")
             from .gpu.model import CudaDecoder, CudaWeights
 
             dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
-            ckpt = open_checkpoint(resolve_model_path(path))
             model = CudaDecoder(ckpt.config, CudaWeights(ckpt.config, ckpt.tensors(dtype, where)))
             return cls(model, _tokenizer_of(ckpt), ckpt, where)
         decode_weights = resolve_mode(decode_weights, where)

@@ -175,10 +175,13 @@ def new_cuda_state(config: ModelConfig, settings: EngineSettings, capacity: int,
     desc_per_tok = 3 * config.n_layers * config.n_kv_heads * config.head_dim * 2 / b
     if gpu_kv_bytes is None:
         if device.type == "cuda":
-            # states of earlier calls may still be held by reference cycles (state <-> decode graph)
-            gc.collect()
-            torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(device)
+            if capacity * (per_tok + desc_per_tok) > free - RESERVE_BYTES:
+                # before tiering, give back what dropped states still hold (a collection costs
+                # tens of ms in a large heap, so only when the context would not fit)
+                gc.collect()
+                torch.cuda.empty_cache()
+                free, _ = torch.cuda.mem_get_info(device)
             gpu_kv_bytes = max(0, free - RESERVE_BYTES)
         else:
             gpu_kv_bytes = 1 << 62  # the Triton interpreter on CPU tensors (tests)
