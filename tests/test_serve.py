@@ -165,3 +165,43 @@ def test_review_through_docqa_serve(server, ingested, tmp_path):
     with Store(db) as store:
         (run,) = [x for x in list_runs(store) if x.kind == "review"]
     assert run.model == f"openai:{server.url}#smollm2-test" and run.item_id == "law"
+
+
+def test_read_all_through_docqa_serve_prefills_only_the_question_again(engine, tmp_path):
+    """`ask --read-all --model openai:…`: the whole document goes to the server in one prompt,
+    document first; the server's prefix cache serves the document to the second question, and the answer is checked against the document as any other. (A server
+    of its own with 256-token segments, so a short document already spans several.)"""
+    from docqa.app.store import Store
+    from docqa.engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache.for_engine(engine, engine.sparse_settings(segment_size=256), cache_dir=tmp_path / "kv")
+    srv = Server(ServedEngine(engine, "smollm2-test", cache), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    clause = ("{n}. The Supplier shall deliver the Goods listed in Schedule {n} within {d} days of each "
+              "purchase order, and the Customer shall pay each invoice within {p} days of receipt.\n")
+    doc = tmp_path / "long.txt"
+    doc.write_text("".join(clause.format(n=i, d=10 + i % 20, p=30 + i % 3 * 15) for i in range(1, 16)))
+    db = tmp_path / "docqa.db"
+    try:
+        assert CliRunner().invoke(app, ["ingest", str(doc), "--db", str(db), "--json"]).exit_code == 0
+        runs = []
+        for q in ("Within how many days must invoices under Schedule 7 be paid?",
+                  "Within how many days are the Goods of Schedule 12 delivered?"):
+            r = CliRunner().invoke(app, ["ask", str(doc), q, "--read-all", "--db", str(db), "--json",
+                                         "--max-tokens", "24", "--model", f"openai:{srv.url}#smollm2-test"])
+            assert r.exit_code == 0, r.output
+            runs.append(json.loads(r.stdout))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+    # the second prompt's document came from the cache: its segments (CPU) or the live state (GPU)
+    assert cache.hits_memory >= 2 or cache.hits_live == 1
+    assert all(run["timings"]["first_token_s"] > 0 for run in runs)
+    stored = Store(db).get_document(runs[0]["evidence"][0]["doc_id"])
+    for run in runs:
+        assert run["status"] in ("answered", "not_found", "unsupported")
+        for c in run["citations"]:
+            if c["verified"]:
+                assert normalize(c["quote"]) in normalize(stored.lines_text(c["page"], c["line_start"], c["line_end"]))

@@ -191,12 +191,13 @@ def test_dense_equals_reference():
     assert rel_err(o, ref_o) < ATT_TOL[torch.float32] and rel_err(l, ref_l) < 1e-3
 
 
-def test_routing_chunks_in_one_launch():
+@pytest.mark.parametrize("hq", [8, 6])  # GQA groups of 4 and of 3 (SmolLM2's: no power-of-two tile)
+def test_routing_chunks_in_one_launch(hq):
     """[C, Hkv, K] selections (one per routing chunk) equal C separate reference calls."""
     from docqa.kernels.attention.naive import naive_block_descriptors, naive_sparse_attention
     from docqa.kernels.attention.triton_sparse import fused_block_scores, fused_sparse_attention
 
-    t, hq, hkv, d, n, bs, chunk = 32, 8, 2, 32, 160, 16, 16
+    t, hkv, d, n, bs, chunk = 32, 2, 32, 160, 16, 16
     q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=5)
     kmin, kmax, kmean = naive_block_descriptors(k, bs)
     per_chunk = fused_block_scores(q, kmin, kmax, kmean, "minmax", chunk=chunk)
@@ -474,6 +475,61 @@ def test_qkv_gemv_rope_append_matches_separate_ops(cache_dtype):
         assert torch.allclose(a.float()[: 6 if a.shape[0] == 12 else None], b.float()[: 6 if b.shape[0] == 12 else None],
                               atol=1e-5, equal_nan=True)
     assert not torch.isnan(caches[1][0][2:6].float()).any()
+
+
+@pytest.mark.parametrize("bias,norm", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_rope_append_matches_reference(bias, norm, cache_dtype):
+    """Qwen2's biases / Qwen3's q/k norms + RoPE + the KV append in one decode launch equal the
+    PyTorch reference (kernels/attention/naive.py), over steps that open a block, in a ring."""
+    from docqa.kernels.attention import naive_rope_append
+    from docqa.kernels.attention.triton_kvstore import fused_rope_append
+    from docqa.kernels.rope import rope_cos_sin
+
+    hq, hkv, d, bs = 4, 2, 24, 4  # D/2 = 12: not a power of two (masked lanes)
+    g = torch.Generator().manual_seed(5)
+    b = torch.randn((hq + 2 * hkv) * d, generator=g).to(DEVICE) if bias else None
+    qn = (1 + 0.2 * torch.randn(d, generator=g)).to(DEVICE) if norm else None
+    kn = (1 + 0.2 * torch.randn(d, generator=g)).to(DEVICE) if norm else None
+    caches = []
+    for _ in range(2):
+        kc = torch.full((10, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
+        vc = torch.full((10, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
+        desc = [torch.randn(4, hkv, d, generator=torch.Generator().manual_seed(9)).to(DEVICE, cache_dtype)
+                for _ in range(3)]
+        ksum = torch.randn(hkv, d, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+        caches.append([kc, vc, *desc, ksum])
+    ring = (4, 6)  # positions 4.. wrap in a 6-row ring: 11 -> row 5, 12 -> row 4
+    for p in (3, 4, 5, 11, 12):
+        qkv = (3 * torch.randn(1, (hq + 2 * hkv) * d, generator=g)).to(DEVICE)
+        pos = torch.tensor([p], device=DEVICE, dtype=torch.int32)
+        cos, sin = (t.contiguous() for t in rope_cos_sin(pos, d, theta=10000.0))
+        ref = naive_rope_append(qkv.clone(), b, qn, kn, 1e-6, cos, sin, hq, hkv, pos, *caches[0], bs, ring=ring)
+        out = fused_rope_append(qkv, b, qn, kn, 1e-6, cos, sin, hq, hkv, pos, *caches[1], bs, ring=ring)
+        assert out.data_ptr() == qkv.data_ptr() and rel_err(out, ref) < 1e-5
+    for a, c in zip(caches[0], caches[1]):
+        assert torch.allclose(a.float(), c.float(), atol=1e-5, rtol=1e-2 if cache_dtype == torch.bfloat16 else 1e-5,
+                              equal_nan=True)
+
+
+def test_append_kv_matches_reference_in_a_ring():
+    from docqa.kernels.attention import naive_append_kv
+    from docqa.kernels.attention.triton_kvstore import fused_append_kv
+
+    hkv, d, bs, ring = 2, 20, 4, (4, 8)
+    g = torch.Generator().manual_seed(2)
+    states = [[torch.zeros(12, hkv, d, device=DEVICE), torch.zeros(12, hkv, d, device=DEVICE),
+               *(torch.randn(6, hkv, d, generator=torch.Generator().manual_seed(1)).to(DEVICE) for _ in range(3)),
+               torch.zeros(hkv, d, device=DEVICE)] for _ in range(2)]
+    for p in range(0, 22):
+        k, v = torch.randn(1, hkv, d, generator=g).to(DEVICE), torch.randn(1, hkv, d, generator=g).to(DEVICE)
+        pos = torch.tensor([p], device=DEVICE)
+        kc, vc, kmin, kmax, kmean, ksum = states[0]
+        naive_append_kv(k, v, kc, vc, kmin, kmax, pos, bs, kmean, ksum, ring)
+        kc, vc, kmin, kmax, kmean, ksum = states[1]
+        fused_append_kv(k, v, kc, vc, kmin, kmax, pos, bs, kmean=kmean, ksum=ksum, ring=ring)
+    for a, c in zip(*states):
+        assert torch.allclose(a, c, atol=1e-6)
 
 
 @pytest.mark.parametrize("staged,splits", [(False, 1), (False, 3), (True, 1)])

@@ -8,8 +8,9 @@ checked against, as is HF transformers.
 Per layer: RMSNorm + fused q/k/v projection (+ Qwen2 biases, + Qwen3 q/k norms), RoPE at true
 positions, the K/V store with block descriptors, attention, o projection, RMSNorm + gate/up +
 SwiGLU + down. Decode (one token) runs every projection through the GEMV of kernels/linear with
-its norm / SwiGLU / residual fused, and, where the architecture allows, RoPE and the KV append
-in the qkv GEMV's epilogue; prefill runs cuBLAS GEMMs. Attention reads the state's settings:
+its norm / SwiGLU / residual fused, and RoPE and the KV append in the qkv GEMV's epilogue (Llama,
+Mistral) or in one launch after it with the biases and q/k norms (Qwen2, Qwen3:
+`fused_rope_append`); prefill runs cuBLAS GEMMs. Attention reads the state's settings:
 
 - sparse: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse.py);
   prefill routes once per `route_chunk` queries (the chunk's last `route_tail` on their own),
@@ -31,7 +32,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from ...kernels.attention.triton_kvstore import fused_append_kv, fused_store_kv_blocks
+from ...kernels.attention.triton_kvstore import fused_rope_append, fused_store_kv_blocks
 from ...kernels.attention.triton_sparse import (
     fused_argmax,
     fused_block_scores,
@@ -238,6 +239,9 @@ class CudaDecoder:
         decode = pos is not None
         sdpa = s.attention == "sdpa"
         folded = decode and self.fold_qkv and not sdpa
+        # decode where RoPE cannot ride in the GEMV (biases, q/k norms): one launch after it does
+        # bias + norms + RoPE + the KV append
+        epilogue = decode and not folded and not sdpa
         if folded:  # RoPE and the KV append (with descriptors) in the qkv GEMV's epilogue
             qkv = fused_qkv_gemv(x, w.wqkv[i], w.ln1[i], c.rms_eps, cos, sin, c.n_heads, c.n_kv_heads, pos, kv.k[i],
                                  kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], s.block_size,
@@ -246,28 +250,33 @@ class CudaDecoder:
             qkv = fused_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=c.rms_eps)
         else:
             qkv = fused_rms_norm(x, w.ln1[i], c.rms_eps) @ w.wqkv[i].t()
-        if w.bqkv:
-            qkv += w.bqkv[i]
         hd = c.head_dim
-        if c.qk_norm:
+        if epilogue:
+            fused_rope_append(qkv, w.bqkv[i] if w.bqkv else None, w.q_norm[i] if c.qk_norm else None,
+                              w.k_norm[i] if c.qk_norm else None, c.rms_eps, cos, sin, c.n_heads, c.n_kv_heads, pos,
+                              kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], s.block_size,
+                              ring=kv.ring_arg)
+        elif c.qk_norm:
+            if w.bqkv:
+                qkv += w.bqkv[i]
             q = fused_rms_norm(qkv[:, : self.q_size].reshape(t, c.n_heads, hd), w.q_norm[i], c.rms_eps)
             k = fused_rms_norm(qkv[:, self.q_size: self.q_size + self.kv_size].reshape(t, c.n_kv_heads, hd),
                                w.k_norm[i], c.rms_eps)
             fused_rope(q, cos, sin, out=q)
             fused_rope(k, cos, sin, out=k)
         else:
+            if w.bqkv:
+                qkv += w.bqkv[i]
             if not folded:  # q and k heads are adjacent: one launch rotates both
                 qk = qkv[:, : self.q_size + self.kv_size].view(t, c.n_heads + c.n_kv_heads, hd)
                 fused_rope(qk, cos, sin, out=qk)
+        if epilogue or not c.qk_norm:
             q = qkv[:, : self.q_size].view(t, c.n_heads, hd)
             k = qkv[:, self.q_size: self.q_size + self.kv_size].view(t, c.n_kv_heads, hd)
         v = qkv[:, self.q_size + self.kv_size:].view(t, c.n_kv_heads, hd)
         if sdpa:
             o = self._attend_sdpa(i, q, k, v, kv, p0, pos)
-        elif decode:
-            if not folded:
-                fused_append_kv(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], pos, s.block_size,
-                                kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
+        elif decode:  # k and v are in the cache already (folded or epilogue)
             o = self._attend_decode(i, q, kv, pos, self.decode_end(kv, pos) if end is None else end)
         else:
             fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, s.block_size,

@@ -14,12 +14,14 @@ use on every device (engine/attention.py has the CPU side).
 from __future__ import annotations
 
 import gc
+import time
 
 import torch
 
 from ...kernels.attention.triton_kvstore import NO_RING
 from ..config import ModelConfig
 from ..kv_cache import DTYPES, Segment
+from ..segment_files import SegmentReader, tensor_checksum, tensor_checksums
 from ..settings import EngineSettings
 
 # Left free on the GPU beside the KV: prefill activations of a 4096-token chunk of an 8B model
@@ -67,44 +69,101 @@ class KVStateBase:
         """Make positions start..end-1 writable (a no-op where every position has its own row)."""
 
     # --- prefix-cache segments -----------------------------------------------------------------
-    def export_segment(self, i: int) -> Segment:
-        """A CPU copy of segment i (K/V [L, S, Hkv, D] as stored, fp32 descriptors), for the
-        prefix cache to keep and write to disk."""
+    def _segment_views(self, a: int) -> dict[str, torch.Tensor]:
+        """The state's tensors of the segment starting at position a, named as in its file."""
         size, b = self.settings.segment_size, self.settings.block_size
+        r = self._row(a)
+        nb0, nb1 = a // b, (a + size) // b
+        return {"k": self.k[:, r:r + size], "v": self.v[:, r:r + size], "kmin": self.kmin[:, nb0:nb1],
+                "kmax": self.kmax[:, nb0:nb1], "kmean": self.kmean[:, nb0:nb1]}
+
+    def export_segment(self, i: int) -> Segment:
+        """Segment i (K/V [L, S, Hkv, D] and descriptors, as stored) for the prefix cache, with
+        the checksum of its file computed here on the GPU: views of this state's rows, which the
+        cache's writer copies out in the background (a full state keeps every row where it is);
+        a tiered state's rows are reused by its ring, so it gives CPU copies at once."""
+        size = self.settings.segment_size
         a = i * size
         if a + size > self.num_tokens:
             raise ValueError(f"segment {i} is not full")
         if self.pin <= a < self.evicted:
             raise ValueError(f"segment {i} is no longer on the GPU")
-        r = self._row(a)
-        nb0, nb1 = a // b, (a + size) // b
-        return Segment(start=a, size=size, length=size, k=self.k[:, r:r + size].cpu(), v=self.v[:, r:r + size].cpu(),
-                       kmin=self.kmin[:, nb0:nb1].float().cpu(), kmax=self.kmax[:, nb0:nb1].float().cpu(),
-                       kmean=self.kmean[:, nb0:nb1].float().cpu())
+        views = self._segment_views(a)
+        checksum = tensor_checksum(views)
+        if self.table is not None:
+            views = {name: t.cpu() for name, t in views.items()}
+        return Segment(start=a, size=size, length=size, checksum=checksum, **views)
 
-    def adopt(self, segments: list[Segment]) -> None:
-        """Start this (empty) state with the prefix `segments` (consecutive, from 0)."""
+    def adopt(self, segments: list[Segment], reader: SegmentReader | None = None) -> int:
+        """Start this (empty) state with the prefix `segments` (consecutive, from 0). Segments in
+        host memory are copied in; those known only by their file are read straight into the
+        state's rows (`reader`, engine/segment_files.py) and checked there against their
+        checksum. Returns how many were adopted: all, or those before the first damaged file."""
         if self.num_tokens:
             raise ValueError("adopt needs an empty state")
-        size, b = self.settings.segment_size, self.settings.block_size
-        for i, seg in enumerate(segments):
-            if seg.start != i * size or seg.length != size:
-                raise ValueError("segments must be full and consecutive from 0")
-            k, v = seg.k, seg.v
-            if k is None:  # on disk only (the prefix cache read its descriptors)
-                from safetensors import safe_open
+        size = self.settings.segment_size
+        reader = reader or SegmentReader(self.k.device)
+        # a tiered state moves old segments out of its ring as new ones come in: one at a time
+        batch = 1 if self.table is not None else max(1, len(segments))
+        n = 0
+        for g in range(0, len(segments), batch):
+            group = segments[g:g + batch]
+            jobs, checks = [], []
+            for i, seg in enumerate(group):
+                if seg.start != (g + i) * size or seg.length != size:
+                    raise ValueError("segments must be full and consecutive from 0")
+                self.prepare(seg.start, seg.start + size)
+                views = self._segment_views(seg.start)
+                held = [getattr(seg, name) for name in views]  # at once: the cache's writer may drop them
+                if all(t is not None for t in held):
+                    for t, src in zip(views.values(), held):
+                        t.copy_(src, non_blocking=True)
+                    continue
+                file_jobs = _file_jobs(seg.disk_path, views)
+                if file_jobs is None:
+                    group = group[:i]
+                    break
+                jobs += file_jobs
+                checks.append((i, seg, views))
+            reader.read(jobs)
+            t0 = time.perf_counter()
+            bad = _first_mismatch(checks)
+            reader.stats["check_s"] += time.perf_counter() - t0
+            if bad is not None:
+                group = group[:bad]
+            n += len(group)
+            self.num_tokens = n * size
+            if len(group) < min(batch, len(segments) - g):
+                break
+        return n
 
-                with safe_open(str(seg.disk_path), framework="pt", device=str(self.k.device)) as f:
-                    k, v = f.get_tensor("k"), f.get_tensor("v")
-            a = seg.start
-            self.prepare(a, a + size)
-            r = self._row(a)
-            self.k[:, r:r + size].copy_(k, non_blocking=True)
-            self.v[:, r:r + size].copy_(v, non_blocking=True)
-            nb0, nb1 = a // b, (a + size) // b
-            for name in ("kmin", "kmax", "kmean"):
-                getattr(self, name)[:, nb0:nb1].copy_(getattr(seg, name), non_blocking=True)
-            self.num_tokens = a + size
+
+def _file_jobs(path, views: dict[str, torch.Tensor]):
+    """Read jobs (file, offset, destination) filling `views` from a segment file, one per layer
+    (the state's rows of a segment are contiguous within a layer); None when the file is gone
+    or does not hold tensors of these shapes and dtypes."""
+    from ..segment_files import FILE_DTYPES, read_header
+
+    header = read_header(path)
+    if header is None:
+        return None
+    _, entries, base = header
+    jobs = []
+    for name, t in views.items():
+        e = entries.get(name)
+        if e is None or FILE_DTYPES.get(e["dtype"]) != t.dtype or tuple(e["shape"]) != tuple(t.shape):
+            return None
+        per_layer = t[0].numel() * t.element_size()
+        for layer in range(t.shape[0]):
+            jobs.append((path, base + e["data_offsets"][0] + layer * per_layer, t[layer]))
+    return jobs
+
+
+def _first_mismatch(checks) -> int | None:
+    """Index (in its group) of the first segment whose bytes, where they landed, do not give the
+    checksum its file's header holds."""
+    got = tensor_checksums([views for _, _, views in checks])
+    return next((i for (i, seg, _), c in zip(checks, got) if c != seg.checksum), None)
 
 
 class CudaKVState(KVStateBase):

@@ -200,3 +200,49 @@ def merge_attention(
     w1 = torch.exp(lse1.float() - safe).unsqueeze(-1)
     w2 = torch.exp(lse2.float() - safe).unsqueeze(-1)
     return w1 * o1.float() + w2 * o2.float(), lse
+
+
+def naive_append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    kmin: torch.Tensor, kmax: torch.Tensor, pos: torch.Tensor, block_size: int,
+                    kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None,
+                    ring: tuple[int, int] = (0, 1 << 62)) -> None:
+    """Reference of `fused_append_kv`: one key/value [1, Hkv, D] written at position `pos` (row
+    `ring_row(pos)` of a tiered pool), and block pos // block_size's running min / max (and mean,
+    through the open block's fp32 key sum) updated; the block's first key replaces stale values."""
+    p = int(pos.reshape(-1)[0])
+    pin, ring_rows = ring
+    row = p if p < pin else pin + (p - pin) % ring_rows
+    kf = k.reshape(k_cache.shape[1:]).float()
+    k_cache[row] = kf.to(k_cache.dtype)
+    v_cache[row] = v.reshape(v_cache.shape[1:]).to(v_cache.dtype)
+    b, first = p // block_size, p % block_size == 0
+    kmin[b] = kf if first else torch.minimum(kmin[b].float(), kf)
+    kmax[b] = kf if first else torch.maximum(kmax[b].float(), kf)
+    if kmean is not None:
+        ksum.copy_(kf if first else ksum + kf)
+        kmean[b] = ksum / (p % block_size + 1)
+
+
+def naive_rope_append(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor | None,
+                      k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor, heads: int,
+                      kv_heads: int, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, ksum: torch.Tensor,
+                      block_size: int, ring: tuple[int, int] = (0, 1 << 62)) -> torch.Tensor:
+    """Reference of `fused_rope_append`: bias, per-head RMSNorm of q and k, RoPE of q and k (in
+    fp32, written back into qkv), then `naive_append_kv` of the k and v heads."""
+    d = k_cache.shape[-1]
+    x = qkv.float().view(heads + 2 * kv_heads, d)
+    if bias is not None:
+        x = x + bias.float().view_as(x)
+    q, k, v = x[:heads], x[heads:heads + kv_heads], x[heads + kv_heads:]
+    if q_norm is not None:
+        rms = lambda t, w: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+        q, k = rms(q, q_norm), rms(k, k_norm)
+    half = d // 2
+    c, s = cos.float().reshape(1, half), sin.float().reshape(1, half)
+    rot = lambda t: torch.cat([t[:, :half] * c - t[:, half:] * s, t[:, half:] * c + t[:, :half] * s], dim=-1)
+    out = torch.cat([rot(q), rot(k), v]).to(qkv.dtype)
+    qkv.copy_(out.view_as(qkv))
+    k_out = out[heads:heads + kv_heads]
+    naive_append_kv(k_out, out[heads + kv_heads:], k_cache, v_cache, kmin, kmax, pos, block_size, kmean, ksum, ring)
+    return qkv

@@ -21,6 +21,24 @@ def ring_row(p, pin, ring):
     return tl.where(p < pin, p, pin + (p - pin) % ring)
 
 
+# Channels `ch` of a decode key (fp32 `kf`) folded into block b's min / max / mean and the open
+# block's fp32 key sum (a fresh block forgets what its slot held); shared by the kernels that
+# append one key (here and the qkv GEMV's epilogue).
+@triton.jit
+def append_desc(kf, ch, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr, sd_b, sd_h, sm_b, sm_h,
+                D: tl.constexpr):
+    dp = b * sd_b + hk * sd_h + ch
+    lo = tl.load(kmin_ptr + dp, mask=is_k, other=0.0).to(tl.float32)
+    hi = tl.load(kmax_ptr + dp, mask=is_k, other=0.0).to(tl.float32)
+    tl.store(kmin_ptr + dp, tl.where(fresh, kf, tl.minimum(lo, kf)).to(kmin_ptr.dtype.element_ty), mask=is_k)
+    tl.store(kmax_ptr + dp, tl.where(fresh, kf, tl.maximum(hi, kf)).to(kmax_ptr.dtype.element_ty), mask=is_k)
+    sp = ksum_ptr + hk * D + ch
+    acc = tl.load(sp, mask=is_k, other=0.0)
+    acc = tl.where(fresh, kf, acc + kf)
+    tl.store(sp, acc, mask=is_k)
+    tl.store(kmean_ptr + b * sm_b + hk * sm_h + ch, (acc / cnt).to(kmean_ptr.dtype.element_ty), mask=is_k)
+
+
 @triton.jit
 def _append_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr, pos_ptr,
@@ -84,6 +102,101 @@ def fused_append_kv(
 
 
 @triton.jit
+def _rope_append_kernel(
+    qkv_ptr, bias_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
+    kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+    eps, q_heads, kv_heads, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h, pin, ring,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    # one program per head of the projected row: q heads, then k heads, then v heads
+    head = tl.program_id(0)
+    jj = tl.arange(0, BLOCK_HALF)
+    m = jj < HALF
+    heads = head + tl.zeros([BLOCK_HALF], tl.int32)  # per lane: masks stay vectors
+    base = head * (2 * HALF)
+    a = tl.load(qkv_ptr + base + jj, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(qkv_ptr + base + HALF + jj, mask=m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        a += tl.load(bias_ptr + base + jj, mask=m, other=0.0).to(tl.float32)
+        b += tl.load(bias_ptr + base + HALF + jj, mask=m, other=0.0).to(tl.float32)
+    n_rot = q_heads + kv_heads
+    rot = heads < n_rot  # q and k heads are normalised and rotated, v heads are not
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0)) / (2 * HALF) + eps)
+        is_q = heads < q_heads
+        wa = tl.where(is_q, tl.load(qn_ptr + jj, mask=m & is_q, other=1.0),
+                      tl.load(kn_ptr + jj, mask=m & rot & ~is_q, other=1.0)).to(tl.float32)
+        wb = tl.where(is_q, tl.load(qn_ptr + HALF + jj, mask=m & is_q, other=1.0),
+                      tl.load(kn_ptr + HALF + jj, mask=m & rot & ~is_q, other=1.0)).to(tl.float32)
+        scale = tl.where(rot, rstd, 1.0)
+        a = a * scale * wa
+        b = b * scale * wb
+    c = tl.load(cos_ptr + jj, mask=m & rot, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + jj, mask=m & rot, other=0.0).to(tl.float32)
+    ra = (a * c - b * s).to(qkv_ptr.dtype.element_ty)
+    rb = (b * c + a * s).to(qkv_ptr.dtype.element_ty)
+    tl.store(qkv_ptr + base + jj, ra, mask=m)
+    tl.store(qkv_ptr + base + HALF + jj, rb, mask=m)
+
+    pos = tl.load(pos_ptr).to(tl.int64)
+    is_k = m & rot & (heads >= q_heads)
+    is_v = m & (heads >= n_rot)
+    hk = tl.maximum(head - q_heads, 0)
+    hv = tl.maximum(head - n_rot, 0)
+    prow = ring_row(pos, pin, ring)
+    kp = kc_ptr + prow * skc_n + hk * skc_h + jj
+    vp = vc_ptr + prow * svc_n + hv * svc_h + jj
+    tl.store(kp, ra.to(kc_ptr.dtype.element_ty), mask=is_k)
+    tl.store(kp + HALF, rb.to(kc_ptr.dtype.element_ty), mask=is_k)
+    tl.store(vp, ra.to(vc_ptr.dtype.element_ty), mask=is_v)
+    tl.store(vp + HALF, rb.to(vc_ptr.dtype.element_ty), mask=is_v)
+    blk = pos // BLOCK
+    fresh = (pos % BLOCK) == 0
+    cnt = ((pos % BLOCK) + 1).to(tl.float32)
+    append_desc(ra.to(tl.float32), jj, blk, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+                sd_b, sd_h, sm_b, sm_h, 2 * HALF)
+    append_desc(rb.to(tl.float32), jj + HALF, blk, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+                sd_b, sd_h, sm_b, sm_h, 2 * HALF)
+
+
+def fused_rope_append(
+    qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+    eps: float, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, pos: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor,
+    ksum: torch.Tensor, block_size: int, ring: tuple[int, int] = NO_RING,
+) -> torch.Tensor:
+    """What follows a decode token's qkv projection when it cannot ride in the GEMV's epilogue
+    (Qwen2's biases, Qwen3's per-head q/k RMSNorm), in one launch: qkv [1, (H + 2 Hkv) * D] +
+    `bias`, RMSNorm of each q and k head (weights `q_norm`, `k_norm` [D]) when given, RoPE
+    (rotate_half, cos/sin [1, D/2]) on the q and k heads, all in place, then k and v appended to
+    the caches at the device position `pos` with their block descriptors (as `fused_append_kv`).
+    Computed in fp32 and rounded once. Returns qkv."""
+    n = qkv.shape[-1]
+    d = k_cache.shape[-1]
+    if qkv.shape != (1, n) or not qkv.is_contiguous() or n != (heads + 2 * kv_heads) * d or d % 2:
+        raise ValueError("qkv must be one contiguous row of (H + 2 Hkv) * D features")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm come together")
+    if kmin.shape[1:] != (kv_heads, d) or kmax.stride() != kmin.stride() or kmean.shape[1:] != (kv_heads, d):
+        raise ValueError("descriptors must be [NB, Hkv, D]")
+    if ksum.shape != (kv_heads, d) or ksum.dtype != torch.float32 or not ksum.is_contiguous():
+        raise ValueError("ksum must be a contiguous fp32 [Hkv, D]")
+    if not cos.is_contiguous() or not sin.is_contiguous() or cos.shape[-1] != d // 2:
+        raise ValueError(f"cos/sin must be contiguous [1, {d // 2}]")
+    norm = q_norm is not None
+    _rope_append_kernel[(heads + 2 * kv_heads,)](
+        qkv, bias if bias is not None else qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, pos,
+        k_cache, v_cache, kmin, kmax, kmean, ksum, eps, heads, kv_heads,
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        kmin.stride(0), kmin.stride(1), kmean.stride(0), kmean.stride(1), ring[0], ring[1],
+        HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2), BLOCK=block_size, HAS_BIAS=bias is not None,
+        HAS_NORM=norm, num_warps=1,
+    )
+    return qkv
+
+
+@triton.jit(do_not_specialize=["start", "end", "b0", "b_last"])  # positions: see triton_sparse.SPECIALIZE_NOT
 def _store_kv_blocks_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
     start, end, b0, b_last,

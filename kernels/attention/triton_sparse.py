@@ -48,6 +48,11 @@ ROUTING_PDL = True
 # decode attention aims at about this many programs (2 per SM, 132 SMs); the interpreter runs
 # programs one after another, so there a few splits keep the CPU tests quick
 DECODE_PROGRAMS = 4 if interpreting() else 256
+# Lengths and positions vary with every prompt; Triton would compile a variant of a kernel for
+# each class of them (== 1, multiple of 16, other) it meets, ~0.4 s each inside a question's
+# prefill in a new process (the H200 e2e run: 0.9 s to prefill a 19-token question). These
+# arguments only bound loops and masks, so the kernels take them unspecialised.
+SPECIALIZE_NOT = ["n_q", "n_keys_static", "sel_chunk"]
 
 
 def _pdl(on: bool = True) -> dict:
@@ -64,7 +69,7 @@ def _dependent_launch(PDL: tl.constexpr):
         gdc_launch_dependents()  # small grids: the next kernel's programs may get resident now
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_q", "chunk", "n_blocks", "first", "q0"])
 def _block_scores_kernel(
     q_ptr, kmin_ptr, kmax_ptr, kmean_ptr, out_ptr, end_ptr,
     n_q, chunk, n_blocks, group, first, q0, win, bsz,
@@ -243,7 +248,7 @@ def fused_topk_blocks_unsorted(scores: torch.Tensor, top_k: int, first, end) -> 
     return idx
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, TILE: tl.constexpr,
                       DROP: tl.constexpr = False, PDL: tl.constexpr = False):
     """The K best of one tile of one row. Finite scores beat -inf ones (non-candidates, still
@@ -265,7 +270,7 @@ def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, T
         x = tl.where(tl.arange(0, TILE) == at, float("-inf"), x)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _merge_topk_kernel(val_ptr, cidx_ptr, idx_ptr, n, sv_h, so_h, K: tl.constexpr, N_P2: tl.constexpr,
                        DROP: tl.constexpr = False, PDL: tl.constexpr = False):
     _dependent_launch(PDL)
@@ -362,7 +367,7 @@ def _store_rows(out_ptr, lse_ptr, acc, m_i, l_i, t, hq, rmask, d, dmask, so_t, s
     tl.store(lse_ptr + t.to(tl.int64) * sl_t + hq, lse, mask=rmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPECIALIZE_NOT)
 def _sparse_attn_kernel(
     q_ptr, k_ptr, v_ptr, bidx_ptr, btab_ptr, out_ptr, lse_ptr, po_ptr, plse_ptr, qoff_ptr,
     n_q, group, n_sel, n_keys_static, sink_tokens, window, scale_log2,
@@ -521,7 +526,7 @@ def _window_tiles(q, k_ptr, v_ptr, btab_ptr, lo, hi, h, m_i, l_i, acc, pos, p_hi
     return m_i, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPECIALIZE_NOT)
 def _sparse_prefill_attn_kernel(
     q_ptr, k_ptr, v_ptr, bidx_ptr, btab_ptr, out_ptr, lse_ptr, qoff_ptr,
     n_q, group, n_sel, n_keys_static, sink_tokens, window, scale_log2,
@@ -769,8 +774,10 @@ def fused_sparse_attention(
     wide = k.element_size() <= 2 or d <= 64
     block_m = 16 if rows <= 16 else (32 if rows <= 32 else (PREFILL_BLOCK_M if rows >= 4096 and wide else 64))
     n_m = triton.cdiv(rows, block_m)
-    if num_splits is None:
-        num_splits = 1 if n_m * hkv >= 64 else max(1, min(MAX_SPLITS, DECODE_PROGRAMS // (n_m * hkv)))
+    if num_splits is None and n_m * hkv >= 64:
+        num_splits = 1
+    elif num_splits is None:  # a power of two: each value is a compiled variant
+        num_splits = 1 << (max(1, min(MAX_SPLITS, DECODE_PROGRAMS // (n_m * hkv))).bit_length() - 1)
     block_d = triton.next_power_of_2(d)
     qoff_is_tensor = isinstance(q_offset, torch.Tensor)
     n_c = block_idx.shape[0]
@@ -778,7 +785,15 @@ def fused_sparse_attention(
         raise ValueError(f"{n_c} selections do not cover {t} queries in routing chunks of {route_chunk}")
     sel_chunk = (route_chunk or max(1, triton.cdiv(t, n_c))) if n_c > 1 else 1 << 30
     if n_c > 1 and (block_m % g or sel_chunk % (block_m // g)):
-        raise ValueError(f"routing chunks of {sel_chunk} queries do not tile by {block_m // g}-query programs")
+        # a GQA group that does not divide a power-of-two tile (SmolLM2: 3 query heads per kv head):
+        # one launch per routing chunk
+        step = sel_chunk if route_chunk is not None else triton.cdiv(t, n_c)
+        for c in range(n_c):
+            a, b = c * step, min(t, (c + 1) * step)
+            qo = q_offset + a
+            fused_sparse_attention(q[a:b], k, v, qo, block_idx[c], block_size, sink_tokens, window, scale,
+                                   block_table=block_table, out=out[a:b], lse=lse[a:b], host=host, staging=staging)
+        return out, lse
     qoff_t = q_offset if qoff_is_tensor else block_idx  # any pointer; unused
     qoff_int = 0 if qoff_is_tensor else int(q_offset)
     fp8 = k.dtype == torch.float8_e4m3fn

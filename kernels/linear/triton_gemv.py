@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention.triton_kvstore import NO_RING, ring_row
+from ..attention.triton_kvstore import NO_RING, append_desc, ring_row
 from ..gpu import interpreting
 
 # On the GPU the best tile depends on N and K (few programs for small N starve the SMs);
@@ -190,25 +190,11 @@ def _qkv_gemv_kernel(
     b = pos // BLOCK
     fresh = (pos % BLOCK) == 0  # first key of a block: forget what the slot held before
     cnt = ((pos % BLOCK) + 1).to(tl.float32)
-    _append_desc(ra.to(tl.float32), jj, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+    append_desc(ra.to(tl.float32), jj, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
                  sd_b, sd_h, sm_b, sm_h, 2 * HALF)
-    _append_desc(rb.to(tl.float32), jj + HALF, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+    append_desc(rb.to(tl.float32), jj + HALF, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
                  sd_b, sd_h, sm_b, sm_h, 2 * HALF)
 
-
-@triton.jit
-def _append_desc(kf, ch, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr, sd_b, sd_h, sm_b, sm_h,
-                 D: tl.constexpr):
-    dp = b * sd_b + hk * sd_h + ch
-    lo = tl.load(kmin_ptr + dp, mask=is_k, other=0.0).to(tl.float32)
-    hi = tl.load(kmax_ptr + dp, mask=is_k, other=0.0).to(tl.float32)
-    tl.store(kmin_ptr + dp, tl.where(fresh, kf, tl.minimum(lo, kf)).to(kmin_ptr.dtype.element_ty), mask=is_k)
-    tl.store(kmax_ptr + dp, tl.where(fresh, kf, tl.maximum(hi, kf)).to(kmax_ptr.dtype.element_ty), mask=is_k)
-    sp = ksum_ptr + hk * D + ch
-    acc = tl.load(sp, mask=is_k, other=0.0)
-    acc = tl.where(fresh, kf, acc + kf)
-    tl.store(sp, acc, mask=is_k)
-    tl.store(kmean_ptr + b * sm_b + hk * sm_h + ch, (acc / cnt).to(kmean_ptr.dtype.element_ty), mask=is_k)
 
 
 def fused_qkv_gemv(
