@@ -32,7 +32,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
@@ -48,18 +48,26 @@ _EDGE_LINES = 3
 _MIN_REPEAT_PAGES = 3
 _MIN_REPEAT_SHARE = 0.25
 
+# on_page(step, done, total): "pages" as each page is read, "ocr" as each page without text
+# is recognised (see parse_pdf).
+PageProgress = Callable[[str, int, int], None]
+
 _IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
 _DIGITS = re.compile(r"\d+")
 _ROMAN = re.compile(r"\b[ivxlcdm]+\b")
 _SPACES = re.compile(r"\s+")
 
 
-def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage], dict]:
+def parse_pdf(path: str | Path, data: bytes | None = None, *,
+              on_page: PageProgress | None = None) -> tuple[list[RawPage], dict]:
     """Read a PDF into one `RawPage` per physical page plus its metadata.
 
     `data`, when given, is the file's content (so callers that already hashed it need not
     read it twice); otherwise `path` is read. Every failure — unreadable, not a PDF,
     truncated, corrupt, password-protected, no text layer — raises `IngestError(path, reason)`.
+    `on_page(step, done, total)` is called after each page is read ("pages": every page;
+    "ocr": the pages without a text layer, when they are recognised): a 200-page filing
+    takes minutes, and its reader wants to see it move.
 
     Metadata keys: title, author, subject, creator, producer, creation_date, mod_date (ISO 8601
     or None), pdf_version, page_count, encrypted (the file was encrypted, even if it opened
@@ -76,7 +84,11 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
     with _quiet_pypdf():
         try:
             reader, encrypted = _open(where, data)
-            pages = [_extract_page(page) for page in reader.pages]
+            pages = []
+            for page in reader.pages:
+                pages.append(_extract_page(page))
+                if on_page:
+                    on_page("pages", len(pages), len(reader.pages))
             rejoined = _rejoin_split_words(reader, pages)
             meta = _metadata(reader, data)
         except IngestError:
@@ -93,7 +105,8 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
         raise IngestError(where, "PDF has no pages")
     # Pages without a text layer: OCR them (pipelines/ocr.py; the `ocr` extra).
     blank = [i for i, p in enumerate(pages) if not p.lines]
-    ocr = ocr_pages(where, data, blank, required=len(blank) == len(pages)) if blank else None
+    ocr = ocr_pages(where, data, blank, required=len(blank) == len(pages),
+                    on_page=(lambda done, total: on_page("ocr", done, total)) if on_page else None) if blank else None
     for i, ocr_lines in (ocr.lines.items() if ocr else ()):
         pages[i].lines = [_Line(text=t) for t in ocr_lines]
     if not any(p.lines for p in pages):
