@@ -13,7 +13,11 @@ parent section longer. So a line becomes a heading only when several weak signal
   marker, or a run of headings that ends where the first entry repeats in the body);
 - lines in running text (wrapped cross-references such as "Section 4.7 (Exchange of Data)
   the clinical data ...") follow a line that did not end a sentence, which weak candidates
-  must not do.
+  must not do;
+- a contract may mix numbering schemes: a plain list numbered from 1 inside a clause ("1
+  Service Desk" under "3. SUPPLY OF SERVICES") is not a run of clauses; its items are told
+  from the clauses by position (where the list opened, what it continues) and by how they are
+  written (capitals, a line of their own, a dot), not by their numbers (`_in_plain_list`).
 
 Annual reports (10-K) are cut by PART (I-IV) and Item (1, 1A, 7, 7A, 8, 15, ...): an Item
 heading is "Item 7." at the start of a line, its number must increase through the whole
