@@ -179,6 +179,39 @@ def test_interleaved_columns_are_separated():
     assert [ln.text for ln in pages[0].lines] == LEFT + RIGHT
 
 
+# A 10-K's list of subsidiaries: names left, jurisdictions right, each row drawn as two runs.
+SUBSIDIARIES = [
+    ("Harbor Street Holdings LLC", "United States, Delaware"),
+    ("Northwind Payments Ltd.", "United Kingdom, England"),
+    ("Clearwater Card Funding Corporation of the Americas II", "United States, New York"),
+    ("Alder Travel Co. Inc.", "United States, New York"),
+    ("Bluebird Receivables Trust", "United States, Delaware"),
+    ("Meridian Insurance Agency of Massachusetts and Rhode Island, Inc.", "United States, Massachusetts"),
+    ("Orchard Global Holdings B.V.", "The Netherlands, Amsterdam"),
+    ("Summit Card Pty Limited", "Australia, New South Wales"),
+    ("Quayside Holdings, LLC", "United States, Delaware"),
+    ("Pine Ridge Bank of Utah", "United States, Utah State"),
+    ("Greystone Credit Corp.", "United States, Delaware"),
+    ("Lakeview Travel Limited", "Hong Kong, Kowloon City"),
+]
+
+
+def test_a_list_beside_its_jurisdictions_is_not_two_columns():
+    # Both sides sit either side of the middle as columns would, and are text; but the names
+    # end anywhere, not at a column's edge, so the page keeps pypdf's lines (PepsiCo's and
+    # American Express's subsidiaries pages were read as two columns).
+    ops = []
+    for i, (name, where) in enumerate(SUBSIDIARIES):
+        y = 700 - 14 * i
+        ops.append(f"BT /F1 10 Tf 72 {y} Td ({name}) Tj ET BT /F1 10 Tf 400 {y} Td ({where}) Tj ET")
+    data = _page_pdf("\n".join(ops).encode())
+    pages, meta = parse_pdf("subsidiaries.pdf", data)
+    assert meta["two_column_pages"] == 0
+    ref = reference_lines(PdfReader(io.BytesIO(data)).pages[0].extract_text())
+    assert [ln.text for ln in pages[0].lines] == ref
+    assert ref[0].startswith("Harbor Street Holdings LLC") and "Delaware" in ref[0]
+
+
 def test_single_column_page_is_left_alone():
     ops = [f"BT /F1 10 Tf 72 {700 - 14 * i} Td ({LEFT[i % 10]} {RIGHT[i % 10]}) Tj ET" for i in range(20)]
     pages, meta = parse_pdf("single.pdf", _page_pdf("\n".join(ops).encode()))
