@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
 from . import config
 from .engine_cli import engine_app
-from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
-                     error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
+from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, IngestProgress, cli_errors, collect_files, db_option,
+                     err, error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
 
 app = typer.Typer(
     name="docqa",
@@ -84,20 +83,11 @@ def ingest(
     files = collect_files(paths)
     results: list[dict] = []
     failed = 0
-    with open_store(db) as store, Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as progress:
-        task = progress.add_task("ingesting", total=len(files))
+    with open_store(db) as store, IngestProgress(err, len(files), lines=not as_json) as progress:
         for f in files:
-            progress.update(task, description=printable(f.name))
+            progress.start_file(f.name)
             try:
-                result = ingest_one(store, f, max_bytes, segment_tokens)
+                result = ingest_one(store, f, max_bytes, segment_tokens, on_page=progress.page)
             except IngestError as e:
                 failed += 1
                 results.append({"path": str(f), "error": e.reason})
@@ -113,7 +103,7 @@ def ingest(
                 results.append(result)
                 if not as_json:
                     _print_ingested(result)
-            progress.advance(task)
+            progress.file_done()
     if as_json:
         print_json(results)
     if not files:

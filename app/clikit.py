@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
@@ -158,7 +159,8 @@ def build(source, **kw):
     return build(source, **kw)
 
 
-def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) -> dict:
+def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int, on_page=None) -> dict:
+    """Ingest one file (or `-`); `on_page(step, done, total)` while a PDF's pages are read."""
     source = read_stdin(max_bytes) if path == STDIN else load(path, max_bytes=max_bytes)
     if store.has(source.doc_id):
         # Known content: skip parsing entirely.
@@ -167,7 +169,7 @@ def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) ->
         counts = dict(pages=info.pages, sections=info.sections, anchors=info.anchors,
                       segments=info.segments, type=info.type)
     else:
-        doc = build(source, segment_tokens=segment_tokens)
+        doc = build(source, segment_tokens=segment_tokens, on_page=on_page)
         status = store.add_document(doc).status
         counts = dict(pages=len(doc.pages), sections=len(doc.sections),
                       anchors=len(doc.anchors), segments=len(doc.segments), type=doc.type)
@@ -176,6 +178,75 @@ def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int) ->
             counts["warning"] = f"decoded as {encoding}"
     return {"doc_id": source.doc_id, "path": str(source.path), "type": counts.pop("type"),
             **counts, "status": status}
+
+
+class IngestProgress:
+    """Where an ingest is, on stderr: files done / total and, inside a PDF, its pages read /
+    total with the parse rate and the time left (a 200-page filing takes minutes, and "0/3
+    files" said nothing for all of them). On a terminal: a bar for the files and one for the
+    current PDF's pages, rewritten in place and gone at the end. Elsewhere (a log, CI): a line
+    each time another tenth of a PDF of `_LINE_PAGES` pages or more is read (smaller files
+    take under a second) or of its pages to OCR, and none at all without `lines`."""
+
+    _LINE_PAGES = 10
+    clock = staticmethod(time.monotonic)  # a test sets its own
+
+    def __init__(self, console: Console, files: int, *, lines: bool = True):
+        self.console, self.files = console, files
+        self.live = console.is_terminal
+        self.lines = lines and not self.live
+        self.name = ""
+        self._bars = None
+        self._step, self._t0, self._last = "", 0.0, 0.0  # the step, when it began, the last call
+        self._tenth = ("", -1)
+
+    def __enter__(self) -> IngestProgress:
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                                  console=self.console, transient=True)
+            self._bars.start()
+            self._files = self._bars.add_task("ingesting", total=self.files, rate="")
+            self._pages = self._bars.add_task("  pages", total=None, visible=False, rate="")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+
+    def start_file(self, name: str) -> None:
+        self.name = printable(name)
+        self._step, self._last = "", self.clock()
+        self._tenth = ("", -1)
+        if self._bars is not None:
+            self._bars.update(self._files, description=self.name)
+            self._bars.update(self._pages, visible=False, completed=0, total=None, rate="")
+
+    def page(self, step: str, done: int, total: int) -> None:
+        """The parser's `on_page` callback: step "pages" (text) or "ocr"."""
+        now = self.clock()
+        if step != self._step:
+            # a step is timed from where the one before it ended (OCR follows the text pass)
+            self._step, self._t0 = step, self._last
+        self._last = now
+        rate = done / max(now - self._t0, 1e-9)
+        left = f", {(total - done) / rate:.0f} s left" if done < total and rate > 0 else ""
+        what = "pages" if step == "pages" else "pages OCR'd"
+        if self._bars is not None:
+            self._bars.update(self._pages, visible=True, completed=done, total=total,
+                              description=f"  {what}", rate=f"{rate:.1f} pages/s{left}")
+        elif self.lines and (total >= self._LINE_PAGES or step == "ocr"):  # OCR: seconds a page
+            tenth = done * 10 // total
+            if (step, tenth) != self._tenth and tenth > 0:
+                self._tenth = (step, tenth)
+                self.console.print(f"{self.name}: {done:,}/{total:,} {what} ({rate:.1f} pages/s{left})")
+
+    def file_done(self) -> None:
+        if self._bars is not None:
+            self._bars.advance(self._files)
+            self._bars.update(self._pages, visible=False)
 
 
 def short(text: str, n: int = 120) -> str:

@@ -10,18 +10,23 @@ sentence that names the quantity, and the words of the question are rarely the r
 `analyze_figures()` reads that from a question; `statement_of()` says which primary statement
 a page is (from its title lines); `row_matches()` says whether a line states a wanted
 quantity. Retrieval (`pipelines.retrieval`) ranks statement rows and statement pages with
-them, and the answer side can check that a quote holds a figure of the right kind and year.
-Pure string work; nothing here knows about documents.
+them. For the answer side (`pipelines.support`), `figure_asked()` and `metric_words()` say
+which figure a question asks for, and `figures()`, `has_figure()`, `mentions_year()` and
+`header_years()` what a quote and its lines state. This is the one place that reads figures
+and years, in questions and in quotes. Pure string work; nothing here knows about documents.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
+from .query import analyze, content_words, stem
 from .textnorm import normalize
 
 Statement = str  # "income" | "balance" | "cash"
+FigureKind = Literal["amount", "percent", "count", "duration"]
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,9 @@ _STATEMENT_TITLE: tuple[tuple[re.Pattern, Statement], ...] = (
     (re.compile(r"^(?:consolidated )?statements? of (?:consolidated )?cash flows?\b"), "cash"),
 )
 _TITLE_LINES = 6  # a statement's title sits in its page's first lines
+# Years in a question: "2022", "FY2022", "fiscal 2021", "FY22", "fiscal 22".
+_QUESTION_YEAR = re.compile(r"\b(?:(?:fy|fiscal(?: year)?)\s*'?(\d{2}(?:\d{2})?)|((?:19|20)\d{2}))\b")
 
-_YEAR = re.compile(r"(?<![\d,.$])(?:fy|fiscal(?: year)?\s*)?'?((?:19|20)\d\d)(?![\d,])")
-_FY_SHORT = re.compile(r"\bfy\s?'?(\d\d)\b")
 _NUMERIC_ASK = re.compile(
     r"\b(how much|how many|what (?:was|were|is|are) (?:the )?(?:total |net |amount|value|number)|amount of|"
     r"number of|how (?:large|big|high|low)|what percentage|percent|ratios?|rates?|margins?|growth|grow|"
@@ -131,11 +136,21 @@ def _has(text: str, phrase: str) -> bool:
 
 
 def years_in(text: str) -> tuple[int, ...]:
-    """Fiscal years named in a question: "2022", "FY2022", "fiscal 2021", "FY22"."""
-    norm = text.lower()
-    out = [int(y) for y in _YEAR.findall(norm)]
-    out += [2000 + int(y) for y in _FY_SHORT.findall(norm)]
+    """Fiscal years named in a question, in order: "2022", "FY2022", "fiscal 2021", "FY22",
+    "fiscal 22"."""
+    out = []
+    for m in _QUESTION_YEAR.finditer(normalize(text)):
+        y = m.group(1) or m.group(2)
+        if len(y) == 2:
+            y = "20" + y
+        if len(y) == 4:
+            out.append(int(y))
     return tuple(dict.fromkeys(out))
+
+
+def question_years(question: str) -> frozenset[int]:
+    """`years_in` as a set: the years a quote's lines must name for a numeric question."""
+    return frozenset(years_in(question))
 
 
 def analyze_figures(question: str) -> FigureQuery:
@@ -172,3 +187,170 @@ def row_matches(line: str, fq: FigureQuery) -> int:
     if not numbers:
         return 0
     return 2 if fq.years and any(str(y) in norm for y in fq.years) else 1
+
+
+# ---------------------------------------------------------------------------------------
+# What figure a question asks for (`figure_asked`, `metric_words`): stricter than
+# `FigureQuery.numeric`, which only says a question is about figures ("how has revenue
+# trended") and so wants statement pages; a question that asks for *a* figure is answered
+# only by a quote that holds one of that kind.
+
+# Amount nouns that name no figure by themselves (stemmed): "costs", "expenses", "amount".
+_GENERIC_AMOUNTS = frozenset({"cost", "expens", "amount", "spend", "payment", "fee", "paid", "pay", "value"})
+# Words of a numeric question's framing ("how much has … changed"), not of its subject.
+FRAMING_WORDS = frozenset({"much", "many"})
+
+_HOW = re.compile(r"\bhow (?:much|many)\b")
+_WHAT = re.compile(r"\bwhat (?:is|was|were|are|will be)\b")
+# What a figure is asked for: the metric words of filings and contracts.
+_PERCENT_WORDS = re.compile(r"\b(?:rate|margin|percent(?:age)?|growth|yield|return on)\b|%")
+_COUNT_WORDS = re.compile(r"\bhow many\b|\bnumber of\b|\bemployees?\b|\bheadcount\b|\bstores\b|\blocations\b")
+_DURATION_WORDS = re.compile(r"\bnotice\b|\bhow (?:much|many) (?:time|days|months|years|weeks)\b")
+_AMOUNT_WORDS = re.compile(
+    r"\b(?:revenues?|sales|income|earnings|profits?|loss(?:es)?|ebitda|capex|capital expenditures?|expenses?|"
+    r"costs?|cash|debt|assets|liabilit(?:y|ies)|equity|dividends?|eps|per share|price|fees?|amount|payments?|"
+    r"royalt(?:y|ies)|spend(?:ing)?|borrowings|value|worth|paid|pay)\b")
+# Questions that name a figure but ask for a thing: "what was the largest liability" is
+# answered by "customer deposits".
+_NOT_A_FIGURE = re.compile(r"\b(?:largest|biggest|smallest|main|primary|major|which)\b")
+
+def is_year_word(word: str) -> bool:
+    """'2022', 'fy2022', 'fy22': a content word that is a year, not a subject."""
+    return bool(re.fullmatch(r"(?:fy)?(?:19|20)\d{2}|fy\d{2}", word))
+
+
+def figure_asked(question: str) -> FigureKind | None:
+    """The kind of figure a question asks for, or None when it does not ask for one.
+
+    Numeric: "how much / how many …", and "what is/was X" where X is a metric (revenue,
+    capex, a rate, a count) and the question names a year or a total — unless it asks which
+    item is largest or main."""
+    q = normalize(analyze(question).text)
+    if _HOW.search(q):
+        pass
+    elif not (_WHAT.search(q) and (_AMOUNT_WORDS.search(q) or _PERCENT_WORDS.search(q) or _COUNT_WORDS.search(q))
+              and (years_in(q) or re.search(r"\b(?:total|amount|quantity)\b", q))):
+        return None
+    if _NOT_A_FIGURE.search(q) and not _HOW.search(q):
+        return None
+    if _DURATION_WORDS.search(q):
+        return "duration"
+    if _PERCENT_WORDS.search(q):
+        return "percent"
+    if _COUNT_WORDS.search(q):
+        return "count"
+    return "amount"
+
+
+def metric_words(question: str) -> frozenset[str]:
+    """The first metric word of a numeric question and the content word right before it,
+    stemmed: "restructuring costs", "effective tax rate" -> {tax, rate}, "total revenues"."""
+    q = normalize(analyze(question).text)
+    hits = [m for pat in (_AMOUNT_WORDS, _PERCENT_WORDS, _COUNT_WORDS) for m in pat.finditer(q)
+            if m.group() != "%" and not m.group().startswith(("how ", "number of"))]
+    if not hits:
+        return frozenset()
+    m = min(hits, key=lambda m: m.start())
+    before = [w for w in content_words(q[:m.start()]) if w not in FRAMING_WORDS and not is_year_word(w)][-1:]
+    # Only a qualifier that sits right before the metric word ("…restructuring costs", not
+    # "how much did X generate in cash").
+    if before and not re.search(re.escape(before[0]) + r"\W{1,3}$", q[:m.start()]):
+        before = []
+    words = {stem(w) for w in content_words(m.group())}
+    # "restructuring costs" is written "restructuring and impairment charges": where a
+    # qualifier names the figure, a generic amount noun is not required beside it.
+    if before:
+        words = {w for w in words if w not in _GENERIC_AMOUNTS} | {stem(before[0])}
+    return frozenset(words)
+
+
+# ---------------------------------------------------------------------------------------
+# Figures written in a quote or on cited lines
+
+_NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+_SPELLED_VALUES = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+                   "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "fifteen": 15, "twenty": 20, "thirty": 30,
+                   "forty-five": 45, "forty": 40, "fifty": 50, "sixty": 60, "ninety": 90, "hundred": 100}
+_SPELLED = "|".join(_SPELLED_VALUES)
+_FIGURES: list[tuple[FigureKind, re.Pattern]] = [
+    ("percent", re.compile(rf"({_NUMBER})\s*(?:%|percent\b|per cent\b)")),
+    ("amount", re.compile(rf"[$€£¥]\s*\(?\s*({_NUMBER})|({_NUMBER})\s*(?:million|billion|thousand|mm|bn)\b"
+                          rf"|\b(\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?)\b|\b(?:usd|dollars?)\s*({_NUMBER})")),
+    ("duration", re.compile(rf"\b({_NUMBER}|{_SPELLED})(?:\s*\(\d+\))?[\s-]*(?:business |calendar )?"
+                            rf"(?:days?|weeks?|months?|years?)\b")),
+    ("count", re.compile(rf"\b({_NUMBER})\b")),
+]
+# A year on cited lines or a table header: "2022", "FY2022", "fiscal 22" (`mentions_year` skips
+# a two-digit number without its "FY").
+_TEXT_YEAR = re.compile(r"\b(?:fy|fiscal(?: year)?)?\s*'?((?:19|20)\d{2}|\d{2})\b")
+
+
+@dataclass(frozen=True)
+class Figure:
+    kind: FigureKind
+    value: float
+    text: str
+
+
+def figures(text: str) -> list[Figure]:
+    """Figures written in `text`, each with the most specific kind that describes it (a
+    percentage is not also a count; a year alone is no figure)."""
+    norm = normalize(text)
+    taken: list[tuple[int, int]] = []
+    out = []
+    for kind, pat in _FIGURES:
+        for m in pat.finditer(norm):
+            if any(a < m.end() and m.start() < b for a, b in taken):
+                continue
+            raw = next(g for g in m.groups() if g)
+            value = _value(raw)
+            if value is None or (kind == "count" and _looks_like_year(raw)):
+                continue
+            taken.append(m.span())
+            out.append(Figure(kind, value, m.group().strip()))
+    return out
+
+
+def _value(raw: str) -> float | None:
+    if raw in _SPELLED_VALUES:
+        return float(_SPELLED_VALUES[raw])
+    try:
+        return float(raw.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _looks_like_year(raw: str) -> bool:
+    return bool(re.fullmatch(r"(?:19|20)\d{2}", raw))
+
+
+def has_figure(text: str, kind: FigureKind) -> bool:
+    """A figure of `kind` in `text`; an amount may be a bare number in a statement's rows
+    ("66,608" under "in millions"), a count any number that is not a year."""
+    kinds = {f.kind for f in figures(text)}
+    if kind == "count":
+        return bool(kinds & {"count", "amount"})
+    return kind in kinds
+
+
+def mentions_year(text: str, years: frozenset[int]) -> bool:
+    norm = normalize(text)
+    for m in _TEXT_YEAR.finditer(norm):
+        y = m.group(1)
+        if len(y) == 2:
+            if not re.match(r"(?:fy|fiscal)", m.group().strip()):
+                continue
+            y = "20" + y
+        if int(y) in years:
+            return True
+    return False
+
+
+def header_years(lines: list[str]) -> str:
+    """The nearest line above a table row that is a header of years ("2022 2021 2020"), or "":
+    a statement row's figures sit under the years that head its columns."""
+    for text in reversed(lines):
+        years = re.findall(r"\b(?:19|20)\d{2}\b", text)
+        if len(years) >= 2 and len(re.sub(r"[^a-z]", "", text.lower())) <= 3 * len(years) + 12:
+            return text
+    return ""

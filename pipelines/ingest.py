@@ -14,6 +14,10 @@ from .errors import IngestError
 
 DEFAULT_MAX_BYTES = 200 * 1024 * 1024
 
+# on_page(step, done, total) while a PDF's pages are read (`pdf.PageProgress`; not imported
+# from there, so that loading this module does not load pypdf).
+PageProgress = Callable[[str, int, int], None]
+
 EXTENSIONS: dict[str, DocType] = {
     ".pdf": "pdf",
     ".html": "html",
@@ -48,13 +52,14 @@ def detect_type(path: Path, data: bytes) -> DocType:
     raise IngestError(str(path), f"unsupported file type '{shown}' (supported: {supported})")
 
 
-def _parse(kind: DocType, path: Path, data: bytes):
+def _parse(kind: DocType, path: Path, data: bytes, on_page: PageProgress | None = None):
     """(raw_pages, raw_sections | None, metadata). Parsers are imported on first use so that
-    `docqa --help` and the store do not pay for pypdf/lxml."""
+    `docqa --help` and the store do not pay for pypdf/lxml. Only the PDF parser reports its
+    pages (`on_page`, see `pdf.parse_pdf`): the others take well under a second a file."""
     if kind == "pdf":
         from .pdf import parse_pdf
 
-        raw_pages, metadata = parse_pdf(path, data=data)
+        raw_pages, metadata = parse_pdf(path, data=data, on_page=on_page)
         return raw_pages, None, metadata
     if kind == "html":
         from .html import parse_html
@@ -110,16 +115,17 @@ def build(
     *,
     segment_tokens: int = 2048,
     count_tokens: Callable[[str], int] | None = None,
+    on_page: PageProgress | None = None,
 ) -> Document:
     """Parse a loaded file into a complete `Document` (pages, sections, anchors, segments)."""
-    raw_pages, raw_sections, metadata = parse(source)
+    raw_pages, raw_sections, metadata = parse(source, on_page=on_page)
     return finish(source, raw_pages, raw_sections, metadata, segment_tokens=segment_tokens,
                   count_tokens=count_tokens)
 
 
-def parse(source: Source):
+def parse(source: Source, *, on_page: PageProgress | None = None):
     """The parser's output for a loaded file: (raw_pages, raw_sections | None, metadata)."""
-    return _parse(source.type, source.path, source.data)
+    return _parse(source.type, source.path, source.data, on_page)
 
 
 def finish(

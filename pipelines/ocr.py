@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .errors import IngestError
 
@@ -86,8 +87,10 @@ def available() -> str | None:
     return None
 
 
-def ocr_pages(where: str, data: bytes, indexes: list[int], *, required: bool) -> OcrResult:
-    """Recognise the pages `indexes` (0-based) of the PDF `data` that hold an image.
+def ocr_pages(where: str, data: bytes, indexes: list[int], *, required: bool,
+              on_page: Callable[[int, int], None] | None = None) -> OcrResult:
+    """Recognise the pages `indexes` (0-based) of the PDF `data` that hold an image;
+    `on_page(done, total)` after each of them (a page takes seconds).
 
     `required`: no page has a text layer, so without OCR there is nothing to ingest: a
     missing extra raises `IngestError` saying how to install it. Otherwise (a mixed PDF)
@@ -105,25 +108,30 @@ def ocr_pages(where: str, data: bytes, indexes: list[int], *, required: bool) ->
     except pdfium.PdfiumError as e:
         raise IngestError(where, f"cannot render PDF for OCR: {e}") from None
     with _Tesseract() as tess:
-        for i in indexes:
-            page = pdf[i]
-            if not _has_image(page):
-                continue
-            bitmap = page.render(scale=DPI / 72, grayscale=True)
-            image = (bytes(bitmap.buffer), bitmap.width, bitmap.height, bitmap.stride)
-            script = tess.script(image)
-            if script is not None:
-                result.notes[i] = (f"no OCR language data for {script} script "
-                                   f"(installed: {LANG}); page left without lines")
-                continue
-            lines, conf = tess.read(image)
-            if lines:
-                result.lines[i], result.confidence[i] = lines, conf
+        for k, i in enumerate(indexes, start=1):
+            _read_page(tess, pdf[i], i, result)
+            if on_page:
+                on_page(k, len(indexes))
     pdf.close()
     if required and not result.lines:
         why = "; ".join(f"page {i + 1}: {n}" for i, n in sorted(result.notes.items()))
         raise IngestError(where, f"{NO_TEXT_LAYER}, and OCR found no text" + (f" ({why})" if why else ""))
     return result
+
+
+def _read_page(tess: _Tesseract, page, i: int, result: OcrResult) -> None:
+    if not _has_image(page):
+        return
+    bitmap = page.render(scale=DPI / 72, grayscale=True)
+    image = (bytes(bitmap.buffer), bitmap.width, bitmap.height, bitmap.stride)
+    script = tess.script(image)
+    if script is not None:
+        result.notes[i] = (f"no OCR language data for {script} script "
+                           f"(installed: {LANG}); page left without lines")
+        return
+    lines, conf = tess.read(image)
+    if lines:
+        result.lines[i], result.confidence[i] = lines, conf
 
 
 def _has_image(page) -> bool:

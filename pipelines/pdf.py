@@ -32,7 +32,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
@@ -48,18 +48,26 @@ _EDGE_LINES = 3
 _MIN_REPEAT_PAGES = 3
 _MIN_REPEAT_SHARE = 0.25
 
+# on_page(step, done, total): "pages" as each page is read, "ocr" as each page without text
+# is recognised (see parse_pdf).
+PageProgress = Callable[[str, int, int], None]
+
 _IDENTITY = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0)
 _DIGITS = re.compile(r"\d+")
 _ROMAN = re.compile(r"\b[ivxlcdm]+\b")
 _SPACES = re.compile(r"\s+")
 
 
-def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage], dict]:
+def parse_pdf(path: str | Path, data: bytes | None = None, *,
+              on_page: PageProgress | None = None) -> tuple[list[RawPage], dict]:
     """Read a PDF into one `RawPage` per physical page plus its metadata.
 
     `data`, when given, is the file's content (so callers that already hashed it need not
     read it twice); otherwise `path` is read. Every failure — unreadable, not a PDF,
     truncated, corrupt, password-protected, no text layer — raises `IngestError(path, reason)`.
+    `on_page(step, done, total)` is called after each page is read ("pages": every page;
+    "ocr": the pages without a text layer, when they are recognised): a 200-page filing
+    takes minutes, and its reader wants to see it move.
 
     Metadata keys: title, author, subject, creator, producer, creation_date, mod_date (ISO 8601
     or None), pdf_version, page_count, encrypted (the file was encrypted, even if it opened
@@ -76,7 +84,11 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
     with _quiet_pypdf():
         try:
             reader, encrypted = _open(where, data)
-            pages = [_extract_page(page) for page in reader.pages]
+            pages = []
+            for page in reader.pages:
+                pages.append(_extract_page(page))
+                if on_page:
+                    on_page("pages", len(pages), len(reader.pages))
             rejoined = _rejoin_split_words(reader, pages)
             meta = _metadata(reader, data)
         except IngestError:
@@ -93,7 +105,8 @@ def parse_pdf(path: str | Path, data: bytes | None = None) -> tuple[list[RawPage
         raise IngestError(where, "PDF has no pages")
     # Pages without a text layer: OCR them (pipelines/ocr.py; the `ocr` extra).
     blank = [i for i, p in enumerate(pages) if not p.lines]
-    ocr = ocr_pages(where, data, blank, required=len(blank) == len(pages)) if blank else None
+    ocr = ocr_pages(where, data, blank, required=len(blank) == len(pages),
+                    on_page=(lambda done, total: on_page("ocr", done, total)) if on_page else None) if blank else None
     for i, ocr_lines in (ocr.lines.items() if ocr else ()):
         pages[i].lines = [_Line(text=t) for t in ocr_lines]
     if not any(p.lines for p in pages):
@@ -394,6 +407,22 @@ def _cut_at_gutter(line: _Line, gutter: float, min_gap: float, widths: _Widths) 
     return [line]
 
 
+def _running(line: _Line, widths: _Widths) -> bool:
+    """Whether a line reads as running text: long enough, words rather than figures, and no
+    gap wider than an em and a half between its pieces. A 10-K's statement rows ("1,408
+    1,532 662"), its two-column lists ("Note 2    Loans and Card Member Receivables",
+    "United States    Delaware") and its signature blocks ("/s/ JEFFREY C. CAMPBELL") sit
+    right of the page's middle as a column would, but are none of these."""
+    text = line.text.strip()
+    if len(text) < 20 or len(re.findall(r"[A-Za-z]{2,}", text)) < 3:
+        return False
+    pcs = line.positioned
+    for a, b in zip(pcs, pcs[1:]):
+        if a.upright and b.upright and abs(a.y - b.y) <= 2 and b.x - widths.end(a) > 1.5 * (b.size or 8.0):
+            return False
+    return True
+
+
 def _order_columns(page: _Page) -> None:
     """Detect a two-column page and put each band's left column before its right column."""
     widths = _Widths()
@@ -407,14 +436,22 @@ def _order_columns(page: _Page) -> None:
     placed = [p for p in pieces if p.positioned and p.positioned[0].upright]
     if len(placed) < 12:
         return
-    # Only lines long enough to be running text count, so table cells and labels do not.
-    right = [p for p in placed if p.x0 >= mid - tol and len(p.text.strip()) >= 20]
-    left = [p for p in placed if p.x0 < mid - tol and len(p.text.strip()) >= 20]
+    # Only running text counts, so table rows, lists and signature blocks do not.
+    right = [p for p in placed if p.x0 >= mid - tol and _running(p, widths)]
+    left = [p for p in placed if p.x0 < mid - tol and _running(p, widths)]
     if len(right) < 6 or len(left) < 6:
         return
     right_start = min(p.x0 for p in right)
-    # A left column's running text stops short of the right column.
-    if sum(1 for p in left if widths.line_end(p) <= right_start + tol) < 0.5 * len(left):
+    # A left column's running text stops short of the right column...
+    short = [p for p in left if widths.line_end(p) <= right_start + tol]
+    if len(short) < 0.5 * len(left):
+        return
+    # ... and fills its column: most of its lines end near where the longest one ends (a
+    # column's edge), where the entries of a list or a table (a 10-K's subsidiaries beside
+    # their jurisdictions) end anywhere.
+    edge = max(widths.line_end(p) for p in short)
+    near = edge - 0.25 * (edge - min(p.x0 for p in short))
+    if sum(1 for p in short if widths.line_end(p) >= near) < 0.5 * len(short):
         return
     top, bottom = max(p.y for p in right), min(p.y for p in right)
     if sum(1 for p in left if bottom - 5 <= p.y <= top + 5) < 6:

@@ -13,7 +13,11 @@ parent section longer. So a line becomes a heading only when several weak signal
   marker, or a run of headings that ends where the first entry repeats in the body);
 - lines in running text (wrapped cross-references such as "Section 4.7 (Exchange of Data)
   the clinical data ...") follow a line that did not end a sentence, which weak candidates
-  must not do.
+  must not do;
+- a contract may mix numbering schemes: a plain list numbered from 1 inside a clause ("1
+  Service Desk" under "3. SUPPLY OF SERVICES") is not a run of clauses; its items are told
+  from the clauses by position (where the list opened, what it continues) and by how they are
+  written (capitals, a line of their own, a dot), not by their numbers (`_in_plain_list`).
 
 Annual reports (10-K) are cut by PART (I-IV) and Item (1, 1A, 7, 7A, 8, 15, ...): an Item
 heading is "Item 7." at the start of a line, its number must increase through the whole
@@ -177,6 +181,7 @@ class _Cand:
     rest: str  # the line after the number
     caps: bool  # keyword written in capitals: a strong signal
     keyword: bool  # introduced by a keyword (SECTION, ARTICLE, ...)
+    dot: bool = False  # "4." rather than "4": part of a numbering scheme's look
 
 
 def looks_like_title(text: str) -> bool:
@@ -291,7 +296,7 @@ def _classify(text: str, idx: int) -> _Cand | None:
         if len(title) > 80:
             title = title[:80].rsplit(" ", 1)[0] + "…"
         return _Cand(idx, "num", num.rstrip("."), ("num", path), 1 + len(path), path,
-                     title, rest, False, False)
+                     title, rest, False, False, dot=bool(dot))
     return None
 
 
@@ -439,9 +444,14 @@ def _from_lines(doc: Document) -> list[Section]:
     parents: list[int | None] = []
     cn_last: dict[float, int] = {}
     seen_annex: set[tuple] = set()
+    plain_list: _List | None = None
     for c in cands:
         if c is None or in_toc[c.line]:
             continue
+        if c.kind == "num" and not c.keyword and len(c.path) == 1:
+            plain_list, in_list = _in_plain_list(c, stack, plain_list)
+            if in_list:
+                continue
         if c.number and any(n.cand.key == c.key and n.cand.title.upper() == c.title.upper()
                             for n in stack[1:]):
             continue  # a running header repeating the open section's heading
@@ -470,6 +480,7 @@ def _from_lines(doc: Document) -> list[Section]:
         if c.kind in _ANNEX_KINDS and c.number:
             seen_annex.add(c.key)
             parent.last_annex[c.kind] = c.key[1]
+        plain_list = None  # a list ends where the next heading starts
         node = _Node(c, lines[c.line].start, section_index=len(nodes))
         parents.append(parent.section_index if parent is not root else None)
         stack.append(node)
@@ -488,6 +499,54 @@ def _from_lines(doc: Document) -> list[Section]:
         ends.append(len(doc.text))
         open_.append(i)
     return [_with_end(doc, s, e) for s, e in zip(out, ends)]
+
+
+@dataclass
+class _List:
+    """A plain-numbered list inside an open clause: "1 Service Desk", "2 Desktop Support"
+    under "3. SUPPLY OF SERVICES". Its numbers are a second scheme, not clauses: taken by
+    number alone, "4 Backup and Recovery" would be clause 4, and "8 Sub-Contractors" (the
+    last obligation listed under "6.") would swallow the real "7. TERMINATION" after it."""
+
+    last: int
+    look: tuple[bool, bool, bool]
+
+
+def _look(c: _Cand) -> tuple[bool, bool, bool]:
+    """How a one-number heading is written: in capitals, as a whole line (nothing runs on
+    after the title), with a dot after the number."""
+    letters = re.sub(r"[^A-Za-z]", "", c.title)
+    return (bool(letters) and letters.isupper(), c.rest.rstrip(".: ") == c.title, c.dot)
+
+
+def _prominence(look: tuple[bool, bool, bool]) -> int:
+    # capitals are the surest sign of a clause heading, then a line of its own, then the dot
+    return 4 * look[0] + 2 * look[1] + look[2]
+
+
+def _unlike(a: tuple[bool, bool, bool], b: tuple[bool, bool, bool]) -> int:
+    return sum(w for w, x, y in zip((4, 2, 1), a, b) if x != y)
+
+
+def _in_plain_list(c: _Cand, stack: list[_Node], plain: _List | None) -> tuple[_List | None, bool]:
+    """Whether a one-number candidate is an item of a list nested in the open clause, decided
+    by position and nesting, not by the number alone: a list starts at 1 inside a clause,
+    written less prominently than the clause's own heading; an item continues it (the list's
+    next number) unless it continues the clauses instead and is written like a clause
+    ("4 CHARGES AND PAYMENT" after "3. SUPPLY OF SERVICES" and a list ending at 3)."""
+    clause = next((n.cand for n in reversed(stack[1:])
+                   if n.cand.kind == "num" and len(n.cand.path) == 1 and not n.cand.keyword), None)
+    if clause is None:
+        return None, False
+    n, look = c.path[0], _look(c)
+    if plain is not None and n == plain.last + 1:
+        next_clause = 1 <= n - clause.path[0] <= 3
+        if not next_clause or _unlike(look, plain.look) <= _unlike(look, _look(clause)):
+            plain.last = n
+            return plain, True
+    if n == 1 and _prominence(look) < _prominence(_look(clause)):
+        return _List(1, look), True
+    return plain, False
 
 
 def _compatible(anc: _Cand, c: _Cand) -> bool:

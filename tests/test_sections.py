@@ -7,6 +7,8 @@ pypdf, so physical page numbers are unchanged) parsed once per module with `pars
 from __future__ import annotations
 
 
+from pathlib import Path
+
 import pytest
 
 from docqa.pipelines.document import Document, RawLine, RawPage, RawSection, assemble
@@ -180,3 +182,78 @@ def test_html_raw_sections_become_sections():
     assert secs[0].char_start == doc.pages[1].start and secs[0].char_end == doc.pages[3].start
     assert secs[1].char_end == doc.pages[3].start
     assert secs[2].char_end == len(doc.text) and secs[0].page_end == 3
+
+
+# A services agreement written for this test (fixtures/mixed_numbering_contract.txt) in two
+# numbering schemes at once, as drafted contracts often are: clauses "1." ... "9." (clause 4
+# without its dot), with plain-numbered lists inside clauses 3 ("1 Service Desk" ... "4
+# Backup and Recovery") and 6 ("1 Standards." ... "8 Sub-Contractors."), lettered
+# sub-paragraphs "(a)"-"(c)", recitals "A."/"B." and a schedule that numbers again from 1.
+# Taken by number alone, the lists were clauses: "4 Backup and Recovery" took clause 4's
+# place (losing "4 CHARGES AND PAYMENT" and 3.2) and "8 Sub-Contractors" swallowed
+# "7. TERMINATION". Expected tree written by hand from the file: (number, title or None
+# for a sub-clause, level, parent's number, first line).
+MIXED = Path(__file__).resolve().parents[1] / "fixtures" / "mixed_numbering_contract.txt"
+MIXED_TREE = [
+    ("1", "DEFINITIONS AND INTERPRETATION", 1, None, 19),
+    ("1.1", None, 2, "1", 21), ("1.2", None, 2, "1", 29), ("1.3", None, 2, "1", 31),
+    ("2", "COMMENCEMENT AND DURATION", 1, None, 34),
+    ("2.1", None, 2, "2", 36), ("2.2", None, 2, "2", 39),
+    ("3", "SUPPLY OF SERVICES", 1, None, 42),
+    ("3.1", None, 2, "3", 44), ("3.2", None, 2, "3", 55),
+    ("4", "CHARGES AND PAYMENT", 1, None, 63),
+    ("4.1", None, 2, "4", 65), ("4.2", None, 2, "4", 68),
+    ("5", "CUSTOMER'S OBLIGATIONS", 1, None, 71),
+    ("5.1", None, 2, "5", 73), ("5.2", None, 2, "5", 76),
+    ("6", "SUPPLIER'S OBLIGATIONS", 1, None, 79),
+    ("7", "TERMINATION", 1, None, 101),
+    ("7.1", None, 2, "7", 103), ("7.2", None, 2, "7", 107), ("7.3", None, 2, "7", 108),
+    ("8", "LIMITATION OF LIABILITY", 1, None, 110),
+    ("8.1", None, 2, "8", 112), ("8.2", None, 2, "8", 115),
+    ("9", "GOVERNING LAW", 1, None, 118),
+    ("SCHEDULE 1", "CHARGES AND SERVICE LEVELS", 1, None, 123),
+    ("1", "Monthly Charges", 2, "SCHEDULE 1", 125), ("1.1", None, 3, "1", 127),
+    ("2", "Service Levels", 2, "SCHEDULE 1", 129), ("2.1", None, 3, "2", 131),
+]
+
+
+def _text_doc(text: str) -> Document:
+    pages = [RawPage(lines=[RawLine(text=t) for t in text.split("\n")])]
+    doc = assemble(pages, doc_id="m", content_sha256="m", path="mixed.txt", type="text")
+    doc.sections = detect_sections(doc)
+    return doc
+
+
+def _tree(doc: Document, expected: list[tuple]) -> list[tuple]:
+    """The doc's tree in MIXED_TREE's shape; a sub-clause's title (its first words, however
+    they read) is compared only where `expected` gives one."""
+    by_id = {s.id: s for s in doc.sections}
+    want_title = {(n, line) for n, title, _, _, line in expected if title is not None}
+    return [(s.number, s.title if (s.number, s.line_start) in want_title else None, s.level,
+             by_id[s.parent_id].number if s.parent_id else None, s.line_start)
+            for s in doc.sections]
+
+
+def test_mixed_numbering_schemes_nest_by_position():
+    doc = _text_doc(MIXED.read_text(encoding="utf-8").rstrip("\n"))
+    assert _tree(doc, MIXED_TREE) == MIXED_TREE
+    # 7. TERMINATION spans its own clause only, and clause 6 ends where it starts, its list
+    # (through "8 Sub-Contractors") inside it
+    s6, s7 = by_number(doc, "6"), [s for s in doc.sections if s.number == "7"][0]
+    assert s6.char_end == s7.char_start
+    assert "8 Sub-Contractors" in doc.text[s6.char_start:s6.char_end]
+
+
+def test_clause_after_a_list_that_ends_the_previous_clause():
+    # Without 3.2 the list "1 Service Desk" ... "4 Backup and Recovery" runs straight into
+    # "4 CHARGES AND PAYMENT": both continue a sequence (the list's 3 -> 4 would be a fifth
+    # item, the clauses' 3 -> 4 the next clause); written like the clauses (capitals, a line
+    # of its own) rather than like the list, it is clause 4.
+    text = MIXED.read_text(encoding="utf-8").rstrip("\n")
+    lines = text.split("\n")
+    cut = lines[:53] + lines[62:]  # drop lines 54-62 (3.2 and its sub-paragraphs)
+    doc = _text_doc("\n".join(cut))
+    tops = [(s.number, s.title, s.line_start) for s in doc.sections if s.level == 1]
+    assert tops[2:5] == [("3", "SUPPLY OF SERVICES", 42), ("4", "CHARGES AND PAYMENT", 54),
+                         ("5", "CUSTOMER'S OBLIGATIONS", 62)]
+    assert [s.number for s in doc.sections if s.parent_id == by_number(doc, "3").id] == ["3.1"]

@@ -66,6 +66,17 @@ def test_numeric_questions(question, kind, years):
     assert question_years(question) == years
 
 
+def test_years_are_read_one_way_for_retrieval_and_support():
+    # One reader of years (pipelines/figures.py) for retrieval's figure signals and the
+    # support check; "FY2023," (a year before a comma) was missed by retrieval's own copy.
+    from docqa.pipelines.figures import analyze_figures, years_in
+
+    q = "What are major acquisitions that Best Buy has done in FY2023, FY2022 and FY2021?"
+    assert years_in(q) == (2023, 2022, 2021) and question_years(q) == {2021, 2022, 2023}
+    assert analyze_figures("Total revenues in fiscal 22 and FY2021, please").years == (2022, 2021)
+    assert years_in("revenue of $2,022 million") == ()
+
+
 def test_figures_in_text():
     found = {(f.kind, f.value) for f in figures(
         "Revenue rose 12.5% to $66,608 million in 2022; ninety (90) days' notice; 77,300 colleagues; 14 stores")}
