@@ -112,12 +112,22 @@ def ask_path(engine, prompt_tokens: int = 4096, decode_tokens: int = 64) -> dict
 
     ids = bench_prompt(engine.tokenizer, prompt_tokens)
     runs = [engine.generate(ids, decode_tokens, stop_ids=()) for _ in range(2)]  # Engine.load warmed it up
-    # a chooser reads each step's logits on the host, as quote-constrained decoding does
+    # a chooser reads each step's logits on the host, as quote-constrained decoding does; the
+    # second also spends 3 ms of host time per token, what pipelines/quote_constraint.py took per
+    # token with the default model on the CPU (the decode loop overlaps it with the next step)
     chosen = engine.generate(ids, decode_tokens, stop_ids=(), choose=lambda logits, out: int(logits.argmax()))
+
+    def slow_choice(logits, out):
+        t = time.perf_counter() + 0.003
+        while time.perf_counter() < t:
+            pass
+        return int(logits.argmax())
+
+    slow = engine.generate(ids, decode_tokens, stop_ids=(), choose=slow_choice)
     per_token = lambda r: r.decode_s / (len(r.token_ids) - 1) * 1e3
     return {"prompt_tokens": prompt_tokens, "prefill_s": min(r.prefill_s for r in runs),
             "first_call_decode_ms": per_token(runs[0]), "decode_ms": per_token(runs[-1]),
-            "host_chosen_decode_ms": per_token(chosen)}
+            "host_chosen_decode_ms": per_token(chosen), "host_chosen_3ms_decode_ms": per_token(slow)}
 
 
 def sdpa_baseline(engine, n: int, steps: int = 20) -> dict:

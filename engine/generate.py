@@ -224,23 +224,24 @@ class Engine:
         return state
 
     def warm_up(self) -> None:
-        """Run every kind of step the product's paths launch once, on small inputs: a new process
-        otherwise pays for loading the Triton kernels (and, on a machine whose Triton cache lacks
-        them, compiling a variant per length class) inside its first prefill: ~1 s and up to
-        several seconds of a `--read-all` document's prefill. Also captures the dense state's
-        decode graph (see `_dense_state`). Odd lengths on purpose: kernels specialise on
+        """Run every kind of step the product's paths launch once (~0.5 s on an H200): a new
+        process otherwise pays for loading the Triton kernels, first cuBLAS calls and memory
+        pool growth (and, where Triton's cache lacks them, compiling kernel variants) inside its
+        first prefill — a second and more of a `--read-all` document's. Also captures the dense
+        state's decode graph (see `_dense_state`). Odd lengths too: some kernels specialise on
         whether a length is a multiple of 16."""
         t0 = time.perf_counter()
-        ids = bench_prompt(self.tokenizer, 4 * 1024 + 1)
+        ids = bench_prompt(self.tokenizer, 301)
         self.generate(ids[:301], 2, stop_ids=())  # dense prefill + decode (the graph is captured)
         self.generate(ids[:300], 2, stop_ids=())
         settings = self.sparse_settings()
+        # sparse prefill: two full chunks (the first routes past the window; GEMMs and attention
+        # tiles at full size), then a short odd one at an offset, then decode (its graph belongs
+        # to this throwaway state)
+        ids = bench_prompt(self.tokenizer, 2 * settings.chunk_size + 77)
         state = self.new_state(len(ids) + 8, settings)
-        # sparse prefill: a chunk long enough to route (past the window), then a short odd one
-        # at an offset, then decode (its graph belongs to this throwaway state)
-        n1 = min(len(ids) - 77, settings.window + 4 * settings.block_size + 3)
-        self.prefill(ids[:n1], state)
-        self.generate(ids[n1:n1 + 77], 2, state=state, stop_ids=())
+        self.prefill(ids[:-77], state)
+        self.generate(ids[-77:], 2, state=state, stop_ids=())
         del state
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -326,7 +327,7 @@ class Engine:
         take = _Output(max_new_tokens, stops, emit)
         greedy = temperature == 0 and choose is None  # only the argmax of each step is used
         if self.triton:
-            self._decode_triton(state, token, take, None if greedy else pick)
+            self._decode_triton(state, token, take, None if greedy else pick, guess=choose is not None)
         else:
             self._decode_torch(state, token, take, pick, greedy)
         out, reason = take.out, take.reason
@@ -376,10 +377,11 @@ class Engine:
                                 last_only=True, argmax_only=greedy)[-1]
             token = pick(logits, take.out)
 
-    def _decode_triton(self, state, token, take: "_Output", pick) -> None:
+    def _decode_triton(self, state, token, take: "_Output", pick, *, guess: bool = False) -> None:
         """The CUDA-graphed decode step (eager under the interpreter). Greedy decoding keeps the
         tokens on the device and reads them back every GREEDY_SYNC_EVERY steps (the steps after a
-        stop token are computed and dropped); a chooser or sampler reads each step's logits."""
+        stop token are computed and dropped); a chooser or sampler reads each step's logits.
+        `guess` (a chooser on a dense state): see `_decode_guessing`."""
         n0 = state.num_tokens
         if take(token):  # nothing to decode: no graph to capture
             return
@@ -399,6 +401,8 @@ class Engine:
                         g.step()
                         buf[i].copy_(g.tok[0])
                 done = any(take(tok) for tok in buf[:steps].tolist())
+        elif guess and state.settings.attention == "dense":
+            self._decode_guessing(g, take, pick)
         else:
             while True:
                 g.step()
@@ -408,6 +412,34 @@ class Engine:
                     break
         # every token fed to the model holds KV: all of `out` after a stop, all but the last otherwise
         state.num_tokens = n0 + (len(take.out) if take.reason == "stop" else len(take.out) - 1)
+
+
+    def _decode_guessing(self, g, take: "_Output", pick) -> None:
+        """Chosen tokens (quote-constrained decoding) without the GPU idling while the host
+        chooses: each step's logits go to host memory, the next step starts at once on the
+        model's own greedy token, and the chooser runs meanwhile. When it chooses that token
+        (a model quoting its source mostly does) the next step is already done; otherwise the
+        position is stepped again with the chosen token, overwriting the guessed one's K/V row
+        (dense states only: a sparse state's block descriptors would keep the guessed key)."""
+        cuda = g.logits.device.type == "cuda"
+        host = torch.empty(g.logits.shape[-1], dtype=torch.float32, pin_memory=cuda)
+        ready = torch.cuda.Event() if cuda else None
+        g.step()
+        while True:
+            host.copy_(g.logits[0], non_blocking=cuda)
+            if ready is not None:
+                ready.record()
+            g.step()  # on the device's greedy token: the chooser's likely pick
+            if ready is not None:
+                ready.synchronize()  # this step's logits are in; the guessed step runs on
+            greedy = int(host.argmax())  # ties: the first index, as the device's argmax
+            token = pick(host.clone(), take.out)  # the buffer is the next step's too
+            if take(token):
+                break
+            if token != greedy:  # a wrong guess: the same position again with the chosen token
+                g.pos.sub_(1)
+                g.tok.fill_(token)
+                g.step()
 
 
 class _Output:
