@@ -435,6 +435,15 @@ def test_topk_blocks_unsorted_same_sets_as_reference(nb, end):
             assert have.count(-1) == 8 - len(want)
 
 
+def _stale_caches(rows: int, blocks: int, hkv: int, d: int, dtype) -> tuple:
+    """K/V caches of NaN (an unwritten row shows) and descriptors / key sum holding stale
+    values (a block's first key must replace them): the same for every caller."""
+    kc = torch.full((rows, hkv, d), float("nan"), device=DEVICE, dtype=dtype)
+    desc = [torch.randn(blocks, hkv, d, generator=torch.Generator().manual_seed(9)).to(DEVICE, dtype) for _ in range(3)]
+    ksum = torch.randn(hkv, d, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    return (kc, kc.clone(), *desc, ksum)
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 def test_qkv_gemv_rope_append_matches_separate_ops(cache_dtype):
     """The decode qkv projection with RoPE, KV append and descriptor updates folded in equals
@@ -448,14 +457,7 @@ def test_qkv_gemv_rope_append_matches_separate_ops(cache_dtype):
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE)
     nw = (1 + 0.1 * torch.randn(k, generator=g)).to(DEVICE)
-    caches = []
-    for _ in range(2):
-        kc = torch.full((12, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
-        vc = torch.full((12, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
-        desc = [torch.randn(3, hkv, d, generator=torch.Generator().manual_seed(9)).to(DEVICE, cache_dtype)
-                for _ in range(3)]
-        ksum = torch.randn(hkv, d, generator=torch.Generator().manual_seed(8)).to(DEVICE)
-        caches.append((kc, vc, *desc, ksum))
+    caches = [_stale_caches(12, 3, hkv, d, cache_dtype) for _ in range(2)]
     for p in (2, 3, 4, 5):  # 4 opens block 1: stale descriptors must be forgotten
         x = torch.randn(1, k, generator=g).to(DEVICE)
         pos = torch.tensor([p], device=DEVICE, dtype=torch.int32)
@@ -491,14 +493,7 @@ def test_rope_append_matches_reference(bias, norm, cache_dtype):
     b = torch.randn((hq + 2 * hkv) * d, generator=g).to(DEVICE) if bias else None
     qn = (1 + 0.2 * torch.randn(d, generator=g)).to(DEVICE) if norm else None
     kn = (1 + 0.2 * torch.randn(d, generator=g)).to(DEVICE) if norm else None
-    caches = []
-    for _ in range(2):
-        kc = torch.full((10, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
-        vc = torch.full((10, hkv, d), float("nan"), device=DEVICE, dtype=cache_dtype)
-        desc = [torch.randn(4, hkv, d, generator=torch.Generator().manual_seed(9)).to(DEVICE, cache_dtype)
-                for _ in range(3)]
-        ksum = torch.randn(hkv, d, generator=torch.Generator().manual_seed(8)).to(DEVICE)
-        caches.append([kc, vc, *desc, ksum])
+    caches = [_stale_caches(10, 4, hkv, d, cache_dtype) for _ in range(2)]
     ring = (4, 6)  # positions 4.. wrap in a 6-row ring: 11 -> row 5, 12 -> row 4
     for p in (3, 4, 5, 11, 12):
         qkv = (3 * torch.randn(1, (hq + 2 * hkv) * d, generator=g)).to(DEVICE)

@@ -21,7 +21,7 @@ import torch
 from ...kernels.attention.triton_kvstore import NO_RING
 from ..config import ModelConfig
 from ..kv_cache import DTYPES, Segment
-from ..segment_files import SegmentReader, tensor_checksum, tensor_checksums
+from ..segment_files import FILE_DTYPES, SegmentReader, read_header, tensor_checksum, tensor_checksums
 from ..settings import EngineSettings
 
 # Left free on the GPU beside the KV: prefill activations of a 4096-token chunk of an 8B model
@@ -142,8 +142,6 @@ def _file_jobs(path, views: dict[str, torch.Tensor]):
     """Read jobs (file, offset, destination) filling `views` from a segment file, one per layer
     (the state's rows of a segment are contiguous within a layer); None when the file is gone
     or does not hold tensors of these shapes and dtypes."""
-    from ..segment_files import FILE_DTYPES, read_header
-
     header = read_header(path)
     if header is None:
         return None

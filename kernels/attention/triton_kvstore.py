@@ -22,8 +22,7 @@ def ring_row(p, pin, ring):
 
 
 # Channels `ch` of a decode key (fp32 `kf`) folded into block b's min / max / mean and the open
-# block's fp32 key sum (a fresh block forgets what its slot held); shared by the kernels that
-# append one key (here and the qkv GEMV's epilogue).
+# block's fp32 key sum (a fresh block forgets what its slot held).
 @triton.jit
 def append_desc(kf, ch, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr, sd_b, sd_h, sm_b, sm_h,
                 D: tl.constexpr):
@@ -37,6 +36,36 @@ def append_desc(kf, ch, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, 
     acc = tl.where(fresh, kf, acc + kf)
     tl.store(sp, acc, mask=is_k)
     tl.store(kmean_ptr + b * sm_b + hk * sm_h + ch, (acc / cnt).to(kmean_ptr.dtype.element_ty), mask=is_k)
+
+
+# A decode token's rotated head halves (ra: channels jj, rb: jj + HALF; `head` per lane) into
+# the caches at the device position: k heads (q_heads <= head < n_rot) with their block's
+# descriptors, v heads (head >= n_rot) as they are, q heads not at all. Shared by the kernels
+# that finish a decode token's projection (here and the qkv GEMV's epilogue).
+@triton.jit
+def store_kv_halves(ra, rb, jj, head, live, pos_ptr, q_heads, n_rot, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr,
+                    ksum_ptr, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h, pin, ring,
+                    HALF: tl.constexpr, BLOCK: tl.constexpr):
+    pos = tl.load(pos_ptr).to(tl.int64)
+    is_k = live & (head >= q_heads) & (head < n_rot)
+    is_v = live & (head >= n_rot)
+    hk = tl.maximum(head - q_heads, 0)
+    hv = tl.maximum(head - n_rot, 0)
+    prow = ring_row(pos, pin, ring)  # the cache row (a tiered pool's ring; else pos itself)
+    kp = kc_ptr + prow * skc_n + hk * skc_h + jj
+    vp = vc_ptr + prow * svc_n + hv * svc_h + jj
+    tl.store(kp, ra.to(kc_ptr.dtype.element_ty), mask=is_k)
+    tl.store(kp + HALF, rb.to(kc_ptr.dtype.element_ty), mask=is_k)
+    tl.store(vp, ra.to(vc_ptr.dtype.element_ty), mask=is_v)
+    tl.store(vp + HALF, rb.to(vc_ptr.dtype.element_ty), mask=is_v)
+    # block descriptors from the key as stored (as the append kernel below)
+    b = pos // BLOCK
+    fresh = (pos % BLOCK) == 0  # first key of a block: forget what the slot held before
+    cnt = ((pos % BLOCK) + 1).to(tl.float32)
+    append_desc(ra.to(tl.float32), jj, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+                sd_b, sd_h, sm_b, sm_h, 2 * HALF)
+    append_desc(rb.to(tl.float32), jj + HALF, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
+                sd_b, sd_h, sm_b, sm_h, 2 * HALF)
 
 
 @triton.jit
@@ -139,25 +168,8 @@ def _rope_append_kernel(
     tl.store(qkv_ptr + base + jj, ra, mask=m)
     tl.store(qkv_ptr + base + HALF + jj, rb, mask=m)
 
-    pos = tl.load(pos_ptr).to(tl.int64)
-    is_k = m & rot & (heads >= q_heads)
-    is_v = m & (heads >= n_rot)
-    hk = tl.maximum(head - q_heads, 0)
-    hv = tl.maximum(head - n_rot, 0)
-    prow = ring_row(pos, pin, ring)
-    kp = kc_ptr + prow * skc_n + hk * skc_h + jj
-    vp = vc_ptr + prow * svc_n + hv * svc_h + jj
-    tl.store(kp, ra.to(kc_ptr.dtype.element_ty), mask=is_k)
-    tl.store(kp + HALF, rb.to(kc_ptr.dtype.element_ty), mask=is_k)
-    tl.store(vp, ra.to(vc_ptr.dtype.element_ty), mask=is_v)
-    tl.store(vp + HALF, rb.to(vc_ptr.dtype.element_ty), mask=is_v)
-    blk = pos // BLOCK
-    fresh = (pos % BLOCK) == 0
-    cnt = ((pos % BLOCK) + 1).to(tl.float32)
-    append_desc(ra.to(tl.float32), jj, blk, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
-                sd_b, sd_h, sm_b, sm_h, 2 * HALF)
-    append_desc(rb.to(tl.float32), jj + HALF, blk, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
-                sd_b, sd_h, sm_b, sm_h, 2 * HALF)
+    store_kv_halves(ra, rb, jj, heads, m, pos_ptr, q_heads, n_rot, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr,
+                    ksum_ptr, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h, pin, ring, HALF, BLOCK)
 
 
 def fused_rope_append(

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention.triton_kvstore import NO_RING, append_desc, ring_row
+from ..attention.triton_kvstore import NO_RING, store_kv_halves
 from ..gpu import interpreting
 
 # On the GPU the best tile depends on N and K (few programs for small N starve the SMs);
@@ -174,27 +174,8 @@ def _qkv_gemv_kernel(
     tl.store(y_ptr + row_a, ra, mask=pmask)
     tl.store(y_ptr + row_a + HALF, rb, mask=pmask)
 
-    pos = tl.load(pos_ptr).to(tl.int64)
-    is_k = pmask & rot & (head >= q_heads)
-    is_v = pmask & (head >= n_rot_heads)
-    hk = tl.maximum(head - q_heads, 0)
-    hv = tl.maximum(head - n_rot_heads, 0)
-    prow = ring_row(pos, pin, ring)  # the cache row (a tiered pool's ring; else pos itself)
-    kp = kc_ptr + prow * skc_n + hk * skc_h + jj
-    vp = vc_ptr + prow * svc_n + hv * svc_h + jj
-    tl.store(kp, ra.to(kc_ptr.dtype.element_ty), mask=is_k)
-    tl.store(kp + HALF, rb.to(kc_ptr.dtype.element_ty), mask=is_k)
-    tl.store(vp, ra.to(vc_ptr.dtype.element_ty), mask=is_v)
-    tl.store(vp + HALF, rb.to(vc_ptr.dtype.element_ty), mask=is_v)
-    # block descriptors from the bf16 key (as kernels/attention/triton_kvstore's append does)
-    b = pos // BLOCK
-    fresh = (pos % BLOCK) == 0  # first key of a block: forget what the slot held before
-    cnt = ((pos % BLOCK) + 1).to(tl.float32)
-    append_desc(ra.to(tl.float32), jj, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
-                 sd_b, sd_h, sm_b, sm_h, 2 * HALF)
-    append_desc(rb.to(tl.float32), jj + HALF, b, fresh, cnt, hk, is_k, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
-                 sd_b, sd_h, sm_b, sm_h, 2 * HALF)
-
+    store_kv_halves(ra, rb, jj, head, pmask, pos_ptr, q_heads, n_rot_heads, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr,
+                    kmean_ptr, ksum_ptr, skc_n, skc_h, svc_n, svc_h, sd_b, sd_h, sm_b, sm_h, pin, ring, HALF, BLOCK)
 
 
 def fused_qkv_gemv(
