@@ -238,10 +238,12 @@ class Engine:
         # sparse prefill: two full chunks (the first routes past the window; GEMMs and attention
         # tiles at full size), then a short odd one at an offset, then decode (its graph belongs
         # to this throwaway state)
-        ids = bench_prompt(self.tokenizer, 2 * settings.chunk_size + 77)
+        ids = bench_prompt(self.tokenizer, 2 * settings.chunk_size + 77 + 19)
         state = self.new_state(len(ids) + 8, settings)
-        self.prefill(ids[:-77], state)
-        self.generate(ids[-77:], 2, state=state, stop_ids=())
+        self.prefill(ids[:-96], state)
+        self.prefill(ids[-96:-19], state)
+        # a question's length: a few queries routed apart from the last route_tail (their own tiles)
+        self.generate(ids[-19:], 2, state=state, stop_ids=())
         del state
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
