@@ -51,6 +51,7 @@ from ..settings import EngineSettings
 
 GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")
 INDEX_NORM_EPS = 1e-6  # the indexer's key LayerNorm (engine/models/mla.py)
+EXPAND_ROWS = 65536  # latents expanded to per-head keys/values per product in dense prefill
 _EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
@@ -83,10 +84,11 @@ class GlmLayer:
         self.wb = torch.cat(wb) if len(wb) > 1 else wb[0]
         del wb
         h, nope, vd, r = c.n_heads, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
-        self.w_kvb = take(a + "kv_b_proj.weight")  # [H (nope + v), R]: prefill expands keys/values
-        w = self.w_kvb.view(h, nope + vd, r)
+        w = take(a + "kv_b_proj.weight").view(h, nope + vd, r)  # [H (nope + v), R]
         self.w_uk = w[:, :nope].contiguous()  # [H, nope, R]: q_lat = q_nope W_UK
+        self.w_uv = w[:, nope:].contiguous()  # [H, v, R]: dense prefill expands values with it
         self.w_uv_t = w[:, nope:].transpose(1, 2).contiguous()  # [H, R, v]: o = o_lat W_UV^T
+        del w
         self.wo, self.bo = take(a + "o_proj.weight"), take(a + "o_proj.bias", None)
         mp = p + "mlp."
         self.moe = c.moe is not None and c.moe.layer_types[i] == "sparse"
@@ -170,6 +172,14 @@ class GlmCudaState:
             raise ValueError(f"cannot truncate {self.num_tokens} tokens to {n}")
         self.num_tokens = n
 
+    # The prefix cache keeps a live state in the process, but does not yet write this layout's
+    # segments to disk: it skips a segment whose export raises ValueError, so none is adopted.
+    def export_segment(self, i: int):
+        raise ValueError("the CUDA GLM state's segments are not written to the prefix cache yet")
+
+    def adopt(self, segments) -> None:
+        raise ValueError("the CUDA GLM state cannot start from cached segments yet")
+
 
 class GlmCudaDecoder:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]):
@@ -234,20 +244,25 @@ class GlmCudaDecoder:
         return GraphedDecode(self, state, state.num_tokens)
 
     # --- pieces -------------------------------------------------------------------------------
-    def cos_sin(self, positions: torch.Tensor):
+    def rotation(self, positions: torch.Tensor):
+        """What `rope` turns by at these positions: e^(i angle) [T, 1, rotary_dim / 2] (complex)
+        for interleaved pairs, (cos, sin) for halves. Once per chunk or decode step."""
         # float64 angles: at position 1M a float32 product loses the low frequencies' phase
         ang = positions.to(torch.float64)[:, None, None] * self.inv_freq
+        if self.config.rope_interleaved:
+            return torch.polar(torch.ones_like(ang), ang).to(torch.complex64)
         return ang.cos().float(), ang.sin().float()
 
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rope(self, x: torch.Tensor, rot) -> torch.Tensor:
         """x [T, heads, d]: the first rotary_dim dims turned (interleaved pairs or halves)."""
-        rd = 2 * cos.shape[-1]
-        rot = x[..., :rd].float()
-        if self.config.rope_interleaved:
-            a, b = rot[..., 0::2], rot[..., 1::2]
-            turned = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
+        if self.config.rope_interleaved:  # pairs (x0, x1) as complex numbers: one multiply
+            rd = 2 * rot.shape[-1]
+            pairs = x[..., :rd].float().contiguous().view(*x.shape[:-1], rd // 2, 2)
+            turned = torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2)
         else:
-            a, b = rot[..., : rd // 2], rot[..., rd // 2:]
+            cos, sin = rot
+            rd = 2 * cos.shape[-1]
+            a, b = x[..., : rd // 2].float(), x[..., rd // 2: rd].float()
             turned = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
         turned = turned.to(x.dtype)
         return torch.cat((turned, x[..., rd:]), dim=-1) if x.shape[-1] > rd else turned
@@ -267,21 +282,21 @@ class GlmCudaDecoder:
             b = fused_rms_norm(a[:, : self.qr].contiguous(), ly.q_a_norm, LATENT_NORM_EPS) @ ly.wb.t()
         return a, b
 
-    def _latent(self, ly: GlmLayer, a: torch.Tensor, cos, sin) -> torch.Tensor:
+    def _latent(self, ly: GlmLayer, a: torch.Tensor, rot) -> torch.Tensor:
         qr, r = self.qr, self.r
         c = fused_rms_norm(a[:, qr: qr + r].contiguous(), ly.kv_a_norm, LATENT_NORM_EPS)
-        k_rot = self.rope(a[:, None, qr + r: qr + r + self.p], cos, sin)[:, 0]
+        k_rot = self.rope(a[:, None, qr + r: qr + r + self.p], rot)[:, 0]
         return torch.cat((c, k_rot), dim=-1)
 
-    def _queries(self, ly: GlmLayer, b: torch.Tensor, cos, sin):
+    def _queries(self, ly: GlmLayer, b: torch.Tensor, rot):
         """-> (q_nope [T, H, nope], q_rot roped [T, H, P], absorbed query [T, H, R + P])."""
         t, h = b.shape[0], self.config.n_heads
         q = b[:, : h * (self.nope + self.p)].view(t, h, self.nope + self.p)
-        q_nope, q_rot = q[..., : self.nope], self.rope(q[..., self.nope:], cos, sin)
+        q_nope, q_rot = q[..., : self.nope], self.rope(q[..., self.nope:], rot)
         q_lat = torch.bmm(q_nope.transpose(0, 1), ly.w_uk).transpose(0, 1)  # [T, H, R]
         return q_nope, q_rot, torch.cat((q_lat, q_rot), dim=-1)
 
-    def _index_inputs(self, ly: GlmLayer, a: torch.Tensor, b: torch.Tensor, cos, sin):
+    def _index_inputs(self, ly: GlmLayer, a: torch.Tensor, b: torch.Tensor, rot):
         """The indexer's roped queries [T, Hi, Di], roped keys [T, Di] and head weights [T, Hi]."""
         d = self.config.dsa
         t = a.shape[0]
@@ -290,7 +305,7 @@ class GlmCudaDecoder:
                          ly.ik_norm[1].float(), INDEX_NORM_EPS).to(a.dtype)
         w = a[:, off + d.head_dim: off + d.head_dim + d.n_heads].float() * d.n_heads ** -0.5
         q = b[:, self.config.n_heads * (self.nope + self.p):].view(t, d.n_heads, d.head_dim)
-        return self.rope(q, cos, sin), self.rope(k[:, None], cos, sin)[:, 0], w
+        return self.rope(q, rot), self.rope(k[:, None], rot)[:, 0], w
 
     def _out(self, ly: GlmLayer, o_lat: torch.Tensor) -> torch.Tensor:
         """o_lat [T, H, R] -> [T, H * v] (W_UV applied)."""
@@ -302,9 +317,17 @@ class GlmCudaDecoder:
         c = self.config
         t, h = q_nope.shape[0], c.n_heads
         lat = kv.kv[layer, :end]
-        kvb = (lat[:, : self.r] @ ly.w_kvb.t()).view(end, h, self.nope + self.vd)
-        k = torch.cat((kvb[..., : self.nope], lat[:, None, self.r:].expand(end, h, self.p)), dim=-1)
-        v = kvb[..., self.nope:]
+        # expanded in row blocks straight into k and v: at 1M tokens and 64 heads each is 32 GiB,
+        # and one [S, H (nope + v)] product beside them would not fit
+        k = torch.empty(end, h, self.nope + self.p, dtype=lat.dtype, device=lat.device)
+        v = torch.empty(end, h, self.vd, dtype=lat.dtype, device=lat.device)
+        w_uk, w_uv = ly.w_uk.view(h * self.nope, self.r), ly.w_uv.view(h * self.vd, self.r)
+        for s0 in range(0, end, EXPAND_ROWS):
+            s1 = min(end, s0 + EXPAND_ROWS)
+            c_blk = lat[s0:s1, : self.r]
+            k[s0:s1, :, : self.nope] = (c_blk @ w_uk.t()).view(s1 - s0, h, self.nope)
+            torch.mm(c_blk, w_uv.t(), out=v[s0:s1].view(s1 - s0, h * self.vd))
+        k[:, :, self.nope:] = lat[:, None, self.r:]
         q = torch.cat((q_nope, q_rot), dim=-1)
         mask = causal_lower_right(t, end) if t > 1 else None
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
@@ -358,15 +381,15 @@ class GlmCudaDecoder:
         return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.shared_w2.t())
 
     # --- prefill --------------------------------------------------------------------------------
-    def _prefill_layer(self, i: int, x: torch.Tensor, kv: GlmCudaState, p0: int, cos, sin, indices):
+    def _prefill_layer(self, i: int, x: torch.Tensor, kv: GlmCudaState, p0: int, rot, indices):
         ly = self.layers[i]
         t = x.shape[0]
         end = p0 + t
         a, b = self._project(ly, x, decode=False)
-        kv.kv[i, p0:end] = self._latent(ly, a, cos, sin)
-        q_nope, q_rot, q_abs = self._queries(ly, b, cos, sin)
+        kv.kv[i, p0:end] = self._latent(ly, a, rot)
+        q_nope, q_rot, q_abs = self._queries(ly, b, rot)
         if kv.dsa and ly.full:
-            qi, ki, w = self._index_inputs(ly, a, b, cos, sin)
+            qi, ki, w = self._index_inputs(ly, a, b, rot)
             slot = kv.ik[kv.slots[i]]
             slot[p0:end] = ki
             topk = self.config.dsa.topk
@@ -396,10 +419,10 @@ class GlmCudaDecoder:
         for a in range(0, n, step):
             b = min(n, a + step)
             x = self.embed[tokens[a:b]]
-            cos, sin = self.cos_sin(torch.arange(p0 + a, p0 + b, device=tokens.device))
+            rot = self.rotation(torch.arange(p0 + a, p0 + b, device=tokens.device))
             indices = None
             for i in range(self.config.n_layers):
-                x, indices = self._prefill_layer(i, x, kv, p0 + a, cos, sin, indices)
+                x, indices = self._prefill_layer(i, x, kv, p0 + a, rot, indices)
             if all_logits:
                 outs.append(self._logits(x))
             elif b == n:
@@ -425,16 +448,16 @@ class GlmCudaDecoder:
         """tok [1] long, pos [1] int32 device buffers: overwrites tok with the greedy next token,
         writes the step's logits into `logits` [1, V] when given, and advances pos."""
         x = self.embed[tok]
-        cos, sin = self.cos_sin(pos)
+        rot = self.rotation(pos)
         pos_l = pos.long()
         length = pos + 1
         indices = None
         for i, ly in enumerate(self.layers):
             a, b = self._project(ly, x, decode=True)
-            kv.kv[i].index_copy_(0, pos_l, self._latent(ly, a, cos, sin))
-            _, _, q_abs = self._queries(ly, b, cos, sin)
+            kv.kv[i].index_copy_(0, pos_l, self._latent(ly, a, rot))
+            _, _, q_abs = self._queries(ly, b, rot)
             if kv.dsa and ly.full:
-                qi, ki, w = self._index_inputs(ly, a, b, cos, sin)
+                qi, ki, w = self._index_inputs(ly, a, b, rot)
                 indices = self._index_decode(qi, ki, w, kv, kv.slots[i], pos_l, pos)
             o_lat = fused_mla_decode(q_abs, kv.kv[i], length, self.r, self.scale,
                                      indices=indices if kv.dsa else None)

@@ -76,9 +76,9 @@ def _mla_decode_kernel(q_ptr, kv_ptr, len_ptr, idx_ptr, o_ptr, lse_ptr, scale, n
 
 
 def decode_splits(n_keys: int) -> int:
-    """Key splits for n_keys (the capacity, or the top-k): enough programs to fill the GPU at long
-    contexts, each split at least 64 keys."""
-    return max(1, min(128, n_keys // 64))
+    """Key splits for n_keys (the capacity, or the top-k): enough programs to fill the GPU's 132
+    SMs at long contexts, each split at least 128 keys."""
+    return max(1, min(256, n_keys // 128))
 
 
 def fused_mla_decode(q: torch.Tensor, latents: torch.Tensor, length: torch.Tensor, r: int, scale: float,
