@@ -70,8 +70,24 @@ def test_mla_decode_matches_reference(length):
     # and against plain softmax attention over the first `length` latents
     s = (q[0] @ kv[:length].t()) * 0.1
     close(want[0], torch.softmax(s, -1) @ kv[:length, :r], 1e-5)
-    idx = torch.tensor([length - 1, -1, 0] + list(range(2, min(length, 40))), device=DEV)
+    idx = torch.tensor([[length - 1, -1, 0] + list(range(2, min(length, 40)))], device=DEV)
     close(fused_mla_decode(q, kv, n, r, 0.1, indices=idx), naive_mla_decode(q, kv, n, r, 0.1, indices=idx), 1e-5)
+
+
+def test_mla_token_lists_match_the_sparse_reference():
+    """Many query rows, each over its own token list (DSA prefill), against kernels/mla_sparse's
+    reference: the same attention written independently."""
+    from docqa.kernels.mla_decode import fused_mla_decode
+    from docqa.kernels.mla_sparse import naive_mla_sparse_attention
+
+    g = torch.Generator().manual_seed(7)
+    t, h, r, p, s, k = 5, 20, 32, 16, 90, 24
+    q = torch.randn(t, h, r + p, generator=g).to(DEV)
+    kv = torch.randn(s, r + p, generator=g).to(DEV)
+    idx = torch.stack([torch.randperm(s, generator=g)[:k] for _ in range(t)])
+    idx[1, 5:] = -1  # a row with fewer tokens than k
+    idx = idx.to(DEV)
+    close(fused_mla_decode(q, kv, None, r, 0.1, idx), naive_mla_sparse_attention(q, kv, idx, r, 0.1), 1e-5)
 
 
 # --- the decoder against HF transformers ----------------------------------------------------------
@@ -109,6 +125,7 @@ def test_cuda_glm_matches_hf(tmp_path, kind):
     close(decode_logits(engine, state, ids[56:60].tolist()), want[56:60])
 
 
+@pytest.mark.slow  # ~2 min under the interpreter; the logits tests above cover the same path
 def test_cuda_glm5_greedy_generation_equals_hf(tmp_path):
     """Engine.generate on the CUDA path (prefill, then the graph-captured greedy loop) produces
     transformers' greedy tokens."""

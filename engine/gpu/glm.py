@@ -12,9 +12,9 @@ layers, the indexer key. Per layer:
   and the indexer's key and head weights), one for everything that reads the q residual
   (q_b and the indexer's queries), each a fused GEMV at decode (RMSNorm in its prologue);
 - attention on the latent with W_UK folded into the query (q_nope W_UK) and W_UV into the
-  output: decode by kernels/mla_decode (dense: every cached token; DSA: the indexer's top-k),
-  prefill by kernels/mla_sparse over the top-k (DSA) or, dense, by SDPA (flash) over keys and
-  values expanded from the latents for that chunk (absorbed prefill would do ~2x the FLOPs);
+  output: kernels/mla_decode (dense decode: every cached token; DSA decode and prefill: each query's
+  top-k), dense prefill by SDPA (flash) over keys and values expanded from the latents for
+  that chunk (absorbed dense prefill would do ~2x the FLOPs);
 - DSA: the indexer scores every cached token (kernels/dsa_index in prefill; a matmul and
   torch.topk over the whole capacity at decode, static shapes), "shared" layers reuse the
   indices of the "full" layer before them (IndexShare);
@@ -39,7 +39,6 @@ from ...kernels.attention.triton_sparse import fused_argmax
 from ...kernels.dsa_index import fused_index_scores, fused_index_topk
 from ...kernels.linear.triton_gemv import fused_gemv
 from ...kernels.mla_decode import fused_mla_decode
-from ...kernels.mla_sparse import fused_mla_sparse_attention
 from ...kernels.moe import fused_moe_down, fused_moe_gate_up
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ..config import ModelConfig
@@ -396,7 +395,7 @@ class GlmCudaDecoder:
             indices = None if end <= topk else fused_index_topk(
                 fused_index_scores(qi, slot[:end], w, p0, self.config.dsa.head_dim ** -0.5), topk)
         if kv.dsa and indices is not None:
-            o = self._out(ly, fused_mla_sparse_attention(q_abs, kv.kv[i, :end], indices, self.r, self.scale))
+            o = self._out(ly, fused_mla_decode(q_abs, kv.kv[i, :end], None, self.r, self.scale, indices))
         else:
             o = self._dense_prefill_attention(ly, q_nope, q_rot, kv, i, end)
         x = x.addmm_(o, ly.wo.t())
@@ -434,14 +433,16 @@ class GlmCudaDecoder:
     # --- decode ---------------------------------------------------------------------------------
     def _index_decode(self, qi, ki, w, kv: GlmCudaState, slot: int, pos_l, pos) -> torch.Tensor:
         """Store the step's indexer key, score every cached token (the capacity: static shape,
-        positions after `pos` masked) and keep the top-k ([K], -1 = none)."""
+        positions after `pos` masked) and keep the top-k ([1, K], -1 = none)."""
         keys = kv.ik[slot]
         keys.index_copy_(0, pos_l, ki)
         d = self.config.dsa
-        scores = torch.relu((keys @ qi[0].t()).float() * d.head_dim ** -0.5) @ w[0]
-        scores = scores.masked_fill(kv.rows > pos, float("-inf"))
+        # in the cache's dtype until the head-weighted sum (its accumulation is fp32): the [S, Hi]
+        # intermediate is the largest tensor of a 1M-token step
+        s = (keys @ (qi[0] * d.head_dim ** -0.5).t()).relu_()
+        scores = torch.mv(s, w[0].to(s.dtype)).float().masked_fill(kv.rows > pos, float("-inf"))
         vals, idx = scores.topk(min(d.topk, scores.shape[0]))
-        return torch.where(torch.isinf(vals), -1, idx)
+        return torch.where(torch.isinf(vals), -1, idx)[None]
 
     def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, kv: GlmCudaState,
                     logits: torch.Tensor | None = None) -> None:

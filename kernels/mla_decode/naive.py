@@ -6,19 +6,19 @@ from __future__ import annotations
 import torch
 
 
-def naive_mla_decode(q: torch.Tensor, latents: torch.Tensor, length: torch.Tensor, r: int, scale: float,
+def naive_mla_decode(q: torch.Tensor, latents: torch.Tensor, length: torch.Tensor | None, r: int, scale: float,
                      indices: torch.Tensor | None = None) -> torch.Tensor:
-    """q [1, H, R + P] (absorbed query, RoPE applied), latents [S, R + P] (normalised latent and
-    roped shared key), length [1] int (keys 0..length-1 are visible), indices [K] (instead: the
-    tokens to attend to, -1 = none) -> [1, H, R]: softmax of q.latent * scale over the visible
-    tokens, weighting latent[:, :R]."""
-    s = latents.shape[0]
+    """q [T, H, R + P] (absorbed queries, RoPE applied), latents [S, R + P] (normalised latent
+    and roped shared key), length [1] int (dense, T = 1: keys 0..length-1 are visible) or
+    indices [T, K] (each row's tokens, -1 = none) -> [T, H, R]: softmax of q.latent * scale over
+    the visible tokens, weighting latent[:, :R]. A row with no token gives zeros."""
+    t, s = q.shape[0], latents.shape[0]
     if indices is None:
-        allowed = torch.arange(s, device=q.device) < length.reshape(())
+        allowed = (torch.arange(s, device=q.device) < length.reshape(()))[None].expand(t, s)
     else:
-        allowed = torch.zeros(s + 1, dtype=torch.bool, device=q.device)
-        allowed[torch.where(indices < 0, s, indices)] = True
-        allowed = allowed[:s]
-    scores = torch.einsum("hd,sd->hs", q[0].float(), latents.float()) * scale
-    p = torch.softmax(scores.masked_fill(~allowed[None], float("-inf")), dim=-1).nan_to_num(0.0)
-    return (p @ latents[:, :r].float())[None].to(q.dtype)
+        allowed = torch.zeros(t, s + 1, dtype=torch.bool, device=q.device)
+        allowed.scatter_(1, torch.where(indices < 0, s, indices), True)
+        allowed = allowed[:, :s]
+    scores = torch.einsum("thd,sd->ths", q.float(), latents.float()) * scale
+    p = torch.softmax(scores.masked_fill(~allowed[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("ths,sr->thr", p, latents[:, :r].float()).to(q.dtype)
