@@ -309,6 +309,12 @@ def layer_figures(engine, n: int, dsa: bool, *, chunk: int, full_max: int, steps
     return out
 
 
+def dump(path: str | None) -> None:
+    """The results so far (after every stage: a run cut short by its time limit keeps them)."""
+    if path:
+        Path(path).write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
 def ratio(a, b):
     return round(a / b, 3) if a and b else None
 
@@ -342,6 +348,7 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
                 r[f"vs_hf_{n}"] = {"prefill_speedup": ratio(hf["prefill_s"], res["prefill_s"]),
                                    "decode_speedup": ratio(hf["decode_ms"], res["decode_ms"])}
                 say(f"   vs HF @ {n}: {r[f'vs_hf_{n}']}")
+        dump(a.json)
     del engine
     shutil.rmtree(ckpt, ignore_errors=True)
 
@@ -368,6 +375,7 @@ def run_glm5(a, device, tokenizer_dir, work) -> None:
             res = stage(f"glm5: {mode} @ {n}", layer_figures, engine, n, dsa, chunk=a.chunk, full_max=a.full_prefill_max,
                         steps=a.decode_steps)
             r[f"{mode}_{n}"] = res
+            dump(a.json)
             if res:
                 pre = res.get("prefill_s_per_layer", res.get("prefill_s_per_layer_est"))
                 est = "" if "prefill_s_per_layer" in res else " (estimated)"
@@ -429,7 +437,11 @@ def main() -> None:
     vocab = tokenizer_vocab(tokenizer_dir)
     need = max(checkpoint_bytes(s, vocab) for s in (a.flash_shape, a.glm5_shape))
     work = work_dir(a.work, need)
-    RESULTS["work"] = str(work)
+    work.mkdir(parents=True, exist_ok=True)
+    RESULTS["work"] = {"dir": str(work), "free_GiB": round(shutil.disk_usage(work).free / 2**30, 1),
+                       "largest_checkpoint_GiB": round(need / 2**30, 1)}
+    say(f"checkpoints go to {work} ({RESULTS['work']['free_GiB']} GiB free, the largest needs "
+        f"{RESULTS['work']['largest_checkpoint_GiB']} GiB)")
     t0 = time.time()
     if "flash" in a.parts:
         run_flash(a, device, tokenizer_dir, work)
@@ -440,10 +452,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
-    text = json.dumps(RESULTS, indent=1, default=str)
-    print(text)
-    if a.json:
-        Path(a.json).write_text(text)
+    print(json.dumps(RESULTS, indent=1, default=str))
+    dump(a.json)
     say(f"failed stages: {FAILED}" if FAILED else "all stages ok")
     sys.exit(1 if FAILED else 0)
 
