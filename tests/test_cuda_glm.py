@@ -23,6 +23,17 @@ DEV = "cuda" if has_cuda() else "cpu"
 TOL = 1e-4  # as tests/test_glm.py (fp32)
 
 
+@pytest.fixture(autouse=True)
+def _few_configs(few_gemv_configs, monkeypatch):
+    """On the GPU, correctness only: two configs per autotuned kernel, not every one compiled."""
+    if not has_triton() or interpreting():
+        return
+    from docqa.kernels.moe import triton_moe
+
+    for kernel in (triton_moe._moe_gate_up_kernel, triton_moe._moe_down_kernel):
+        monkeypatch.setattr(kernel, "configs", kernel.configs[:2])
+
+
 def glm_engine(path):
     from docqa.engine import Engine
 
