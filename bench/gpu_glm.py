@@ -164,6 +164,17 @@ def write_checkpoint(kind: str, shape: dict, path: Path, tokenizer_dir: Path, de
     return None
 
 
+def transformers_writes_glm5() -> bool:
+    """Whether this transformers builds GLM-5 with an explicit `indexer_types` (5.24 does; the GPU
+    image's may predate the class or the field)."""
+    import inspect
+
+    import transformers
+
+    cls = getattr(transformers, "GlmMoeDsaConfig", None)
+    return cls is not None and "indexer_types" in inspect.signature(cls.__init__).parameters
+
+
 def write_glm5_by_hand(shape: dict, path: Path, tokenizer_dir: Path, device: torch.device, max_pos: int) -> None:
     """The GLM-5-shaped checkpoint without transformers' GlmMoeDsa classes (the GPU image's
     transformers may predate them): config.json as transformers writes it, and random tensors
@@ -356,9 +367,7 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
 def run_glm5(a, device, tokenizer_dir, work) -> None:
     r = RESULTS["glm5-shape"] = {"shape": dict(a.glm5_shape)}
     ckpt = work / "glm5-shape"
-    import transformers
-
-    if a.glm5_writer == "transformers" or (a.glm5_writer == "auto" and hasattr(transformers, "GlmMoeDsaConfig")):
+    if a.glm5_writer == "transformers" or (a.glm5_writer == "auto" and transformers_writes_glm5()):
         stage("glm5: write checkpoint (transformers)", write_checkpoint, "glm5", a.glm5_shape, ckpt, tokenizer_dir,
               device, max(a.dsa_contexts) + 8192)
     else:
@@ -404,7 +413,7 @@ def main() -> None:
     ap.add_argument("--dsa-contexts", type=int, nargs="+", default=[131072, 1048576])
     ap.add_argument("--glm5-layers", type=int, default=4)
     ap.add_argument("--glm5-writer", default="auto", choices=["auto", "transformers", "by-hand"],
-                    help="auto: transformers when it has GlmMoeDsaConfig")
+                    help="auto: transformers when its GlmMoeDsaConfig takes indexer_types, else by hand")
     ap.add_argument("--chunk", type=int, default=4096, help="prefill chunk of the GLM-5 per-layer figures")
     ap.add_argument("--full-prefill-max", type=int, default=131072,
                     help="GLM-5 contexts up to this are prefilled whole; longer ones estimated from timed chunks")
