@@ -83,6 +83,7 @@ def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
 
 KERNELS = ("auto", "torch", "triton")
 TRITON_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # what engine/gpu/model.py's decoder runs
+GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")  # engine/gpu/glm.py's decoder (bf16/fp32 weights)
 GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this many steps
 # The Triton decoder's reusable dense state holds at least this many tokens: an `ask` prompt
 # (~4K tokens of passages) and its answer, so one state and one captured decode graph serve
@@ -141,7 +142,12 @@ class Engine:
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
         if use_triton:
             ckpt = open_checkpoint(resolve_model_path(path))
-            # GLM and Gemma run their PyTorch models on the device (their kernels are not wired in yet)
+            if ckpt.config.arch in GLM_CUDA_ARCHS and ckpt.config.fp8_block is None and has_triton():
+                from .gpu.glm import GlmCudaDecoder
+
+                dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
+                return cls(GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)), _tokenizer_of(ckpt), ckpt, where)
+            # other GLMs and Gemma run their PyTorch models on the device (their kernels are not wired in yet)
             use_triton = ckpt.config.arch in TRITON_ARCHS
         if use_triton:
             if not has_triton():
@@ -192,6 +198,8 @@ class Engine:
                 settings = self.sparse_settings(attention="dense")
             elif settings.attention == "sparse" and settings.positions != "true":
                 raise ValueError(f"the Triton decoder stores keys at their true positions, not {settings.positions!r}")
+            if hasattr(self.model, "new_state"):  # GLM (engine/gpu/glm.py): its own latent state
+                return self.model.new_state(capacity, settings)
             return new_cuda_state(self.config, settings, capacity, self.device)
         if hasattr(self.model, "new_state"):
             # GLM: MLA latents or partial-RoPE dense K/V when dense; GLM-5 routes with its own
@@ -391,7 +399,8 @@ class Engine:
             state.prepare(n0, min(n0 + take.max_new + GREEDY_SYNC_EVERY, state.capacity))
         g = state.decode_graph
         if g is None:
-            g = state.decode_graph = _capture_decode(self.model, state)
+            g = state.decode_graph = (self.model.capture_decode(state) if hasattr(self.model, "capture_decode")
+                                      else _capture_decode(self.model, state))
         g.reset(n0, token)
         if pick is None:
             buf = torch.empty(GREEDY_SYNC_EVERY, dtype=torch.long, device=self.device)

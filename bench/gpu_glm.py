@@ -1,0 +1,471 @@
+"""GLM-4.7-Flash and a GLM-5-shaped model on one GPU, through the product's engine.
+
+Random-weight bf16 checkpoints written by `transformers` (`save_pretrained`, the tokenizer of
+bench/gpu_prepare.py beside them), loaded with `Engine.load(dir, device="cuda")` as `docqa`
+does (engine/gpu/glm.py `GlmCudaDecoder`), and timed:
+
+(a) GLM-4.7-Flash shape (`glm4_moe_lite`, all 47 layers, the real config: hidden 2048, 20 heads,
+    MLA kv_lora 512 / q_lora 768, 64 routed experts top-4 + 1 shared, 1536 per expert; the
+    vocabulary is the tokenizer's): `docqa engine bench --context N` (`context_benchmark`:
+    prefill s, decode ms/token, first token of a 64-token question) at 32K and 128K, and HF
+    transformers (SDPA, same weights, in the same run, on the model object that wrote the
+    checkpoint) at 32K, as ratios. HF at 128K only with --hf-contexts (the issue's figure for it
+    is 19.0 s prefill, 283 ms/token).
+(b) GLM-5 shape (`glm_moe_dsa`: hidden 6144, 64 heads, MLA 512/2048, indexer 32 x 128 heads with
+    top-2048, every layer "full" as GLM-5's config says) reduced to a few layers (the first
+    dense, 32 routed experts of GLM-5's width instead of 256: the per-token cost is the same top-8
+    + shared, the checkpoint 10 GB instead of 60): per layer, decode ms and prefill s at 128K and
+    1M with DSA (the model's own indexer + token-sparse MLA) and with dense MLA on the same
+    weights, as ratios. Prefill up to --full-prefill-max tokens is timed whole; past it (1M: ~100 s
+    per layer and mode) the cost of one chunk at the context's middle and at its end is timed on
+    a cache filled with random latents, and the whole prefill estimated as (N / chunk) x the
+    middle chunk (a chunk's cost is affine in its position) — labelled "_est".
+
+Exits non-zero when a stage fails; prints JSON (and writes it with --json).
+
+    python3 bench/gpu_glm.py --json /tmp/out/gpu_glm.json            (on the H200, ~6 min)
+    python3 bench/gpu_glm.py --smoke   (the same code on the CPU at tiny sizes under the Triton
+                                        interpreter: ~5 min on an idle core, mostly decode steps)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if "--smoke" in sys.argv:  # before triton is imported: the kernels run in its interpreter on CPU
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu import FAILED, RESULTS, say, stage  # noqa: E402  (stage bookkeeping shared with bench/gpu.py)
+
+FLASH = dict(hidden_size=2048, intermediate_size=10240, moe_intermediate_size=1536, num_hidden_layers=47,
+             num_attention_heads=20, num_key_value_heads=20, n_shared_experts=1, n_routed_experts=64,
+             routed_scaling_factor=1.8, kv_lora_rank=512, q_lora_rank=768, qk_rope_head_dim=64, v_head_dim=256,
+             qk_nope_head_dim=192, n_group=1, topk_group=1, num_experts_per_tok=4, norm_topk_prob=True,
+             rms_norm_eps=1e-5, tie_word_embeddings=False)
+GLM5 = dict(hidden_size=6144, intermediate_size=12288, moe_intermediate_size=2048, num_hidden_layers=4,
+            num_attention_heads=64, num_key_value_heads=64, n_shared_experts=1, n_routed_experts=32,
+            routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=2048, qk_rope_head_dim=64, v_head_dim=256,
+            qk_nope_head_dim=192, n_group=1, topk_group=1, num_experts_per_tok=8, norm_topk_prob=True,
+            rms_norm_eps=1e-5, tie_word_embeddings=False, index_topk=2048, index_head_dim=128, index_n_heads=32,
+            first_k_dense_replace=1)
+# --smoke: the same code at sizes the Triton interpreter runs in minutes on a CPU
+SMOKE_FLASH = dict(FLASH, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, kv_lora_rank=32, q_lora_rank=48,
+                   qk_rope_head_dim=16, v_head_dim=20, qk_nope_head_dim=24)
+SMOKE_GLM5 = dict(GLM5, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, kv_lora_rank=32, q_lora_rank=48,
+                  qk_rope_head_dim=16, v_head_dim=20, qk_nope_head_dim=24, index_topk=24, index_head_dim=32,
+                  index_n_heads=4)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def tokenizer_vocab(tokenizer_dir: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+
+
+def smoke_tokenizer(path: Path) -> Path:
+    """A byte-level BPE tokenizer (256 tokens + end-of-text) for --smoke, where the default
+    model's tokenizer (.gpu/tokenizer, bench/gpu_prepare.py) may be absent."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    path.mkdir(parents=True, exist_ok=True)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE({ch: i for i, ch in enumerate(sorted(alphabet))}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "bos_token": None}))
+    return path
+
+
+def work_dir(requested: str | None, need_bytes: int) -> Path:
+    """Where checkpoints go: --work, else /dev/shm when it has room (the GLM-4.7-Flash checkpoint,
+    ~58 GB, does not fit the H200 machine's 64 GiB disk beside everything else), else a temp dir."""
+    if requested:
+        return Path(requested)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and shutil.disk_usage(shm).free > need_bytes * 1.05:
+        return Path(tempfile.mkdtemp(prefix="docqa-glm-", dir=shm))
+    return Path(tempfile.mkdtemp(prefix="docqa-glm-"))
+
+
+def checkpoint_bytes(cfg: dict, vocab: int) -> int:
+    """bf16 bytes of a GLM MLA + MoE checkpoint of this shape (for the room check)."""
+    h, n_layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    attn = (h * cfg["q_lora_rank"] + cfg["q_lora_rank"] * heads * qk + h * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
+            + cfg["kv_lora_rank"] * heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]) + heads * cfg["v_head_dim"] * h)
+    moe = 3 * h * cfg["moe_intermediate_size"] * (cfg["n_routed_experts"] + cfg["n_shared_experts"])
+    dense = 3 * h * cfg["intermediate_size"]
+    return 2 * (2 * vocab * h + n_layers * (attn + moe) + dense)
+
+
+def hf_config(kind: str, shape: dict, vocab: int, max_pos: int):
+    import transformers
+
+    common = dict(shape, vocab_size=vocab, max_position_embeddings=max_pos, pad_token_id=None, bos_token_id=None,
+                  eos_token_id=None)
+    if kind == "flash":
+        return transformers.Glm4MoeLiteConfig(**common)
+    layers = shape["num_hidden_layers"]
+    return transformers.GlmMoeDsaConfig(**common, indexer_types=["full"] * layers)
+
+
+def write_checkpoint(kind: str, shape: dict, path: Path, tokenizer_dir: Path, device: torch.device, max_pos: int,
+                     keep: bool = False):
+    """Random weights written by transformers (built on the device in bf16; fp32 on the CPU), plus
+    the tokenizer files. Returns the model when `keep` (HF's reference runs on it), else None."""
+    import transformers
+
+    vocab = tokenizer_vocab(tokenizer_dir)
+    need = checkpoint_bytes(shape, vocab)
+    free = shutil.disk_usage(path.parent).free
+    if free < need * 1.05:
+        raise RuntimeError(f"{path.parent} has {free / 2**30:.0f} GiB free, the checkpoint needs {need / 2**30:.0f} GiB "
+                           "(pass --work DIR)")
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16 if device.type == "cuda" else torch.float32)
+    try:
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(hf_config(kind, shape, vocab, max_pos),
+                                                                  attn_implementation="sdpa")
+    finally:
+        torch.set_default_dtype(prev)
+    model.eval()
+    model.save_pretrained(path, max_shard_size="5GB")
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, path / f.name)
+    say(f"   wrote {path} ({sum(f.stat().st_size for f in path.glob('*.safetensors')) / 2**30:.1f} GiB)")
+    if keep:
+        return model
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return None
+
+
+def transformers_writes_glm5() -> bool:
+    """Whether this transformers builds GLM-5 with an explicit `indexer_types` (5.24 does; the GPU
+    image's may predate the class or the field)."""
+    import inspect
+
+    import transformers
+
+    cls = getattr(transformers, "GlmMoeDsaConfig", None)
+    return cls is not None and "indexer_types" in inspect.signature(cls.__init__).parameters
+
+
+def write_glm5_by_hand(shape: dict, path: Path, tokenizer_dir: Path, device: torch.device, max_pos: int) -> None:
+    """The GLM-5-shaped checkpoint without transformers' GlmMoeDsa classes (the GPU image's
+    transformers may predate them): config.json as transformers writes it, and random tensors
+    under the names and shapes of the engine's CPU model (engine/models/glm.py, HF names)."""
+    from safetensors.torch import save_file
+
+    from docqa.engine.config import ModelConfig
+    from docqa.engine.models.glm import GlmModel
+
+    vocab = tokenizer_vocab(tokenizer_dir)
+    cfg = dict(shape, model_type="glm_moe_dsa", architectures=["GlmMoeDsaForCausalLM"], vocab_size=vocab,
+               max_position_embeddings=max_pos, indexer_types=["full"] * shape["num_hidden_layers"],
+               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, head_dim=shape["qk_rope_head_dim"])
+    with torch.device("meta"):
+        names = {n: tuple(p.shape) for n, p in GlmModel(ModelConfig.from_hf(cfg)).named_parameters()}
+    names["embed_tokens.weight"] = (vocab, shape["hidden_size"])
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shard, size, k = {}, 0, 0
+    for name, dims in names.items():
+        t = torch.empty(dims, dtype=dtype, device=device)
+        if name.endswith("bias"):
+            t.zero_()
+        elif "norm" in name:
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02)
+        shard["lm_head.weight" if name == "lm_head.weight" else "model." + name] = t.cpu()
+        size += t.numel() * t.element_size()
+        if size > 4 * 2**30:
+            save_file(shard, str(path / f"model-{k:05d}.safetensors"))
+            shard, size, k = {}, 0, k + 1
+    if shard:
+        save_file(shard, str(path / f"model-{k:05d}.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, path / f.name)
+    say(f"   wrote {path} by hand ({sum(f.stat().st_size for f in path.glob('*.safetensors')) / 2**30:.1f} GiB)")
+
+
+@torch.inference_mode()
+def hf_measure(model, contexts, device: torch.device, decode_steps: int = 8) -> dict:
+    """HF transformers on the same weights: prefill of n tokens in one forward (last position's
+    logits), then greedy decode steps with its cache (median ms/step after the first)."""
+    import transformers
+
+    out = {"version": transformers.__version__}
+    vocab = model.config.vocab_size
+    g = torch.Generator(device=device).manual_seed(0)
+    for n in contexts:
+        past = None
+        try:
+            ids = torch.randint(0, vocab, (1, n), device=device, generator=g)
+            model(input_ids=ids[:, :1024], logits_to_keep=1)
+            sync(device)
+            t0 = time.perf_counter()
+            res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            sync(device)
+            prefill = time.perf_counter() - t0
+            past, tok = res.past_key_values, res.logits[:, -1:].argmax(-1)
+            steps = []
+            for _ in range(decode_steps):
+                t1 = time.perf_counter()
+                res = model(input_ids=tok, past_key_values=past, use_cache=True, logits_to_keep=1)
+                tok = res.logits[:, -1:].argmax(-1)
+                sync(device)
+                steps.append((time.perf_counter() - t1) * 1e3)
+            out[str(n)] = {"prefill_s": prefill, "decode_ms": statistics.median(steps[1:])}
+            say(f"   HF transformers @ {n}: prefill {prefill:.2f} s, decode {out[str(n)]['decode_ms']:.1f} ms/token")
+        except torch.OutOfMemoryError as e:
+            out[str(n)] = {"error": "out of memory"}
+            say(f"   HF transformers @ {n}: out of memory ({str(e)[:60]})")
+        finally:
+            del past
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+def load_engine(path: Path, device: torch.device):
+    from docqa.engine import Engine
+
+    t0 = time.perf_counter()
+    engine = Engine.load(path, device=str(device), kernels="triton")
+    say(f"   loaded in {time.perf_counter() - t0:.1f} s: {type(engine.model).__name__}, {engine.dtype}")
+    if type(engine.model).__name__ != "GlmCudaDecoder":
+        raise RuntimeError(f"Engine.load built {type(engine.model).__name__}, not the CUDA GLM decoder")
+    return engine
+
+
+@torch.inference_mode()
+def layer_figures(engine, n: int, dsa: bool, *, chunk: int, full_max: int, steps: int) -> dict:
+    """Per layer, one attention mode: prefill of n tokens (whole, or estimated from timed chunks
+    past full_max) and graphed decode steps at position n."""
+    from docqa.engine.generate import bench_prompt
+
+    model, dev = engine.model, engine.device
+    layers = engine.config.n_layers
+    settings = engine.sparse_settings(chunk_size=chunk)
+    state = model.new_state(n + chunk + 64, settings, dsa=dsa)
+    ids = torch.tensor(bench_prompt(engine.tokenizer, n), device=dev)
+    model.prefill(ids[:min(n, chunk)], state, 0)  # compiles the kernels outside the timings
+    out = {"context": n, "attention": "dsa" if dsa else "dense-mla", "chunk": chunk}
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    if n <= full_max:
+        sync(dev)
+        t0 = time.perf_counter()
+        model.prefill(ids, state, 0)
+        sync(dev)
+        out["prefill_s"] = time.perf_counter() - t0
+        out["prefill_s_per_layer"] = out["prefill_s"] / layers
+    else:  # random latents (and indexer keys) stand in for the prefix; a chunk's cost is affine in its position
+        state.kv[:, :n].normal_()
+        state.ik[:, :n].normal_()
+        for name, p0 in (("mid", n // 2 - chunk // 2), ("end", n - chunk)):
+            sync(dev)
+            t0 = time.perf_counter()
+            model.prefill(ids[p0:p0 + chunk], state, p0)
+            sync(dev)
+            out[f"prefill_chunk_{name}_s"] = time.perf_counter() - t0
+        out["prefill_s_est"] = n / chunk * out["prefill_chunk_mid_s"]
+        out["prefill_s_per_layer_est"] = out["prefill_s_est"] / layers
+    state.num_tokens = n
+    g = model.capture_decode(state)
+    for _ in range(3):
+        g.reset(n, 1)
+        g.step()
+    g.reset(n, 1)
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        g.step()
+    sync(dev)
+    out["decode_step_ms"] = (time.perf_counter() - t0) / steps * 1e3
+    out["decode_ms_per_layer"] = out["decode_step_ms"] / layers  # embedding and head included
+    out["graphed"] = g.graph is not None
+    if dev.type == "cuda":
+        out["peak_gpu_GiB"] = torch.cuda.max_memory_allocated(dev) / 2**30
+    del g, state
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def dump(path: str | None) -> None:
+    """The results so far (after every stage: a run cut short by its time limit keeps them)."""
+    if path:
+        Path(path).write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def ratio(a, b):
+    return round(a / b, 3) if a and b else None
+
+
+def run_flash(a, device, tokenizer_dir, work) -> None:
+    from docqa.engine.generate import context_benchmark
+
+    r = RESULTS["glm4.7-flash"] = {"shape": dict(a.flash_shape)}
+    ckpt = work / "glm4.7-flash"
+    model = stage("flash: write checkpoint (transformers)", write_checkpoint, "flash", a.flash_shape, ckpt,
+                  tokenizer_dir, device, max(a.contexts) + 8192, keep=bool(a.hf_contexts))
+    if not (ckpt / "config.json").exists():
+        return
+    if model is not None:
+        r["hf"] = stage("flash: HF transformers", hf_measure, model, a.hf_contexts, device)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    engine = stage("flash: Engine.load", load_engine, ckpt, device)
+    if engine is None:
+        return
+    for n in a.contexts:
+        res = stage(f"flash: engine bench --context {n}", context_benchmark, engine, n,
+                    question_tokens=a.question_tokens, decode_tokens=a.decode_tokens, say=say)
+        r[f"bench_{n}"] = res
+        if res:
+            say(f"   {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms']:.2f} ms/token "
+                f"(graph step {res['decode_graph_ms'] or 0:.2f} ms), first token {res['first_token_s'] * 1e3:.1f} ms")
+            hf = (r.get("hf") or {}).get(str(n)) or {}
+            if "prefill_s" in hf:
+                r[f"vs_hf_{n}"] = {"prefill_speedup": ratio(hf["prefill_s"], res["prefill_s"]),
+                                   "decode_speedup": ratio(hf["decode_ms"], res["decode_ms"])}
+                say(f"   vs HF @ {n}: {r[f'vs_hf_{n}']}")
+        dump(a.json)
+    del engine
+    shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def run_glm5(a, device, tokenizer_dir, work) -> None:
+    r = RESULTS["glm5-shape"] = {"shape": dict(a.glm5_shape)}
+    ckpt = work / "glm5-shape"
+    if a.glm5_writer == "transformers" or (a.glm5_writer == "auto" and transformers_writes_glm5()):
+        stage("glm5: write checkpoint (transformers)", write_checkpoint, "glm5", a.glm5_shape, ckpt, tokenizer_dir,
+              device, max(a.dsa_contexts) + 8192)
+    else:
+        stage("glm5: write checkpoint (by hand)", write_glm5_by_hand, a.glm5_shape, ckpt, tokenizer_dir, device,
+              max(a.dsa_contexts) + 8192)
+    if not (ckpt / "config.json").exists():
+        return
+    engine = stage("glm5: Engine.load", load_engine, ckpt, device)
+    if engine is None:
+        return
+    for n in a.dsa_contexts:
+        for dsa in (True, False):
+            mode = "dsa" if dsa else "dense-mla"
+            res = stage(f"glm5: {mode} @ {n}", layer_figures, engine, n, dsa, chunk=a.chunk, full_max=a.full_prefill_max,
+                        steps=a.decode_steps)
+            r[f"{mode}_{n}"] = res
+            dump(a.json)
+            if res:
+                pre = res.get("prefill_s_per_layer", res.get("prefill_s_per_layer_est"))
+                est = "" if "prefill_s_per_layer" in res else " (estimated)"
+                say(f"   {mode} @ {n}: per layer decode {res['decode_ms_per_layer']:.3f} ms, prefill {pre:.2f} s{est}")
+        d, m = r.get(f"dsa_{n}"), r.get(f"dense-mla_{n}")
+        if d and m:
+            key = "prefill_s" if "prefill_s" in d else "prefill_s_est"
+            r[f"dense_over_dsa_{n}"] = {"decode": ratio(m["decode_step_ms"], d["decode_step_ms"]),
+                                        "prefill": ratio(m[key], d[key])}
+            say(f"   dense MLA / DSA @ {n}: {r[f'dense_over_dsa_{n}']}")
+    lo, hi = min(a.dsa_contexts), max(a.dsa_contexts)
+    if r.get(f"dsa_{lo}") and r.get(f"dsa_{hi}") and lo != hi:
+        r[f"dsa_decode_{hi}_over_{lo}"] = ratio(r[f"dsa_{hi}"]["decode_step_ms"], r[f"dsa_{lo}"]["decode_step_ms"])
+        say(f"   DSA decode {hi} / {lo}: {r[f'dsa_decode_{hi}_over_{lo}']} (target <= 2)")
+    del engine
+    shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
+    ap.add_argument("--parts", nargs="+", default=["flash", "glm5"], choices=["flash", "glm5"])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072], help="GLM-4.7-Flash contexts")
+    ap.add_argument("--hf-contexts", type=int, nargs="*", default=[32768],
+                    help="HF transformers contexts on the GLM-4.7-Flash shape (none: skip HF)")
+    ap.add_argument("--dsa-contexts", type=int, nargs="+", default=[131072, 1048576])
+    ap.add_argument("--glm5-layers", type=int, default=4)
+    ap.add_argument("--glm5-writer", default="auto", choices=["auto", "transformers", "by-hand"],
+                    help="auto: transformers when its GlmMoeDsaConfig takes indexer_types, else by hand")
+    ap.add_argument("--chunk", type=int, default=4096, help="prefill chunk of the GLM-5 per-layer figures")
+    ap.add_argument("--full-prefill-max", type=int, default=131072,
+                    help="GLM-5 contexts up to this are prefilled whole; longer ones estimated from timed chunks")
+    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--question-tokens", type=int, default=64)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"))
+    ap.add_argument("--work", default=None, help="where checkpoints go (default: /dev/shm if it has room, else a temp dir)")
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    a.flash_shape, a.glm5_shape = dict(FLASH), dict(GLM5, num_hidden_layers=a.glm5_layers)
+    if a.smoke:
+        a.flash_shape, a.glm5_shape = dict(SMOKE_FLASH), dict(SMOKE_GLM5)
+        a.contexts, a.hf_contexts, a.dsa_contexts = [80], [80], [48, 96]
+        a.chunk, a.full_prefill_max, a.decode_steps, a.question_tokens, a.decode_tokens = 32, 48, 2, 8, 4
+    from docqa.kernels.gpu import device_summary, has_cuda
+
+    device = torch.device("cpu" if a.smoke or not has_cuda() else "cuda")
+    if device.type == "cpu" and not a.smoke:
+        sys.exit("gpu_glm.py: no CUDA device (use --smoke to run the same code on the CPU at tiny sizes)")
+    RESULTS["device"], RESULTS["torch"], RESULTS["smoke"] = device_summary(), torch.__version__, a.smoke
+    say(f"device: {RESULTS['device']}, torch {torch.__version__}{' (smoke: tiny shapes, Triton interpreter)' if a.smoke else ''}")
+    tokenizer_dir = Path(a.tokenizer)
+    tmp = None
+    if a.smoke and not (tokenizer_dir / "tokenizer.json").exists():
+        tmp = Path(tempfile.mkdtemp(prefix="docqa-glm-tok-"))
+        tokenizer_dir = smoke_tokenizer(tmp / "tokenizer")
+    if not (tokenizer_dir / "tokenizer.json").exists():
+        sys.exit(f"gpu_glm.py: no tokenizer at {tokenizer_dir} (python3 bench/gpu_prepare.py makes it)")
+    vocab = tokenizer_vocab(tokenizer_dir)
+    need = max(checkpoint_bytes(s, vocab) for s in (a.flash_shape, a.glm5_shape))
+    work = work_dir(a.work, need)
+    work.mkdir(parents=True, exist_ok=True)
+    RESULTS["work"] = {"dir": str(work), "free_GiB": round(shutil.disk_usage(work).free / 2**30, 1),
+                       "largest_checkpoint_GiB": round(need / 2**30, 1)}
+    say(f"checkpoints go to {work} ({RESULTS['work']['free_GiB']} GiB free, the largest needs "
+        f"{RESULTS['work']['largest_checkpoint_GiB']} GiB)")
+    t0 = time.time()
+    if "flash" in a.parts:
+        run_flash(a, device, tokenizer_dir, work)
+    if "glm5" in a.parts:
+        run_glm5(a, device, tokenizer_dir, work)
+    RESULTS["total_s"] = round(time.time() - t0, 1)
+    if not a.work:
+        shutil.rmtree(work, ignore_errors=True)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(RESULTS, indent=1, default=str))
+    dump(a.json)
+    say(f"failed stages: {FAILED}" if FAILED else "all stages ok")
+    sys.exit(1 if FAILED else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+"""GLM-4.7-Flash (`glm4_moe_lite`: MLA + MoE) and GLM-5 (`glm_moe_dsa`: MLA + DSA + MoE) on CUDA.
+
+`Engine.load(..., device="cuda")` builds a `GlmCudaDecoder` for these architectures (the
+Llama family gets engine/gpu/model.py's `CudaDecoder`); the PyTorch model (engine/models/glm.py)
+stays the CPU path and, with HF transformers, the reference this one is tested against.
+
+The state (`GlmCudaState`) caches per token and layer only MLA's latent (the normalised
+kv_lora_rank vector and the roped shared key, R + P numbers) and, for GLM-5's "full" indexer
+layers, the indexer key. Per layer:
+
+- one projection of the normed hidden state for everything that reads it (q_a, the latent,
+  and the indexer's key and head weights), one for everything that reads the q residual
+  (q_b and the indexer's queries), each a fused GEMV at decode (RMSNorm in its prologue);
+- attention on the latent with W_UK folded into the query (q_nope W_UK) and W_UV into the
+  output: kernels/mla_decode (dense decode: every cached token; DSA decode and prefill: each query's
+  top-k), dense prefill by SDPA (flash) over keys and values expanded from the latents for
+  that chunk (absorbed dense prefill would do ~2x the FLOPs);
+- DSA: the indexer scores every cached token (kernels/dsa_index in prefill; a matmul and
+  torch.topk over the whole capacity at decode, static shapes), "shared" layers reuse the
+  indices of the "full" layer before them (IndexShare);
+- MoE: the model's own gate (engine/models/moe.py `route`: sigmoid, correction bias,
+  group-limited top-k, routed scaling); decode runs the chosen experts by id with the shared
+  expert stacked as one more (kernels/moe), prefill sorts the chunk's tokens by expert and runs
+  one GEMM per expert.
+
+Decode has no host synchronisation: `capture_decode` captures it as a CUDA graph
+(engine/gpu/model.py `GraphedDecode`), the position in a device tensor.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from ...kernels.attention.triton_sparse import fused_argmax
+from ...kernels.dsa_index import fused_index_scores, fused_index_topk
+from ...kernels.linear.triton_gemv import fused_gemv
+from ...kernels.mla_decode import fused_mla_decode
+from ...kernels.moe import fused_moe_down, fused_moe_gate_up
+from ...kernels.norm.triton_rms_norm import fused_rms_norm
+from ..config import ModelConfig
+from ..kv_cache import DTYPES
+from ..models.mla import LATENT_NORM_EPS
+from ..models.moe import route
+from ..rope import inv_frequencies
+from ..settings import EngineSettings
+
+GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")
+INDEX_NORM_EPS = 1e-6  # the indexer's key LayerNorm (engine/models/mla.py)
+EXPAND_ROWS = 65536  # latents expanded to per-head keys/values per product in dense prefill
+_EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+class GlmLayer:
+    """One layer's tensors, fused the way the kernels read them."""
+
+    def __init__(self, config: ModelConfig, i: int, take, experts: dict):
+        c, m = config, config.mla
+        p, a = f"layers.{i}.", f"layers.{i}.self_attn."
+        self.ln1, self.ln2 = take(p + "input_layernorm.weight"), take(p + "post_attention_layernorm.weight")
+        if m.q_lora_rank is None:
+            raise NotImplementedError("the CUDA GLM path needs q_lora_rank (every GLM MLA checkpoint has one)")
+        self.full = c.dsa is not None and c.dsa.indexer_types[i] == "full"
+        # what reads the normed hidden state: [q_a | latent + rope key | indexer key | indexer weights]
+        parts = [take(a + "q_a_proj.weight"), take(a + "kv_a_proj_with_mqa.weight")]
+        biases = [take(a + "q_a_proj.bias", None), take(a + "kv_a_proj_with_mqa.bias", None)]
+        if self.full:
+            parts += [take(a + "indexer.wk.weight"), take(a + "indexer.weights_proj.weight")]
+            self.ik_norm = (take(a + "indexer.k_norm.weight"), take(a + "indexer.k_norm.bias"))
+        self.wa = torch.cat(parts)
+        del parts
+        self.ba = None
+        if biases[0] is not None:
+            zeros = self.wa.new_zeros(self.wa.shape[0] - sum(b.shape[0] for b in biases))
+            self.ba = torch.cat([*biases, zeros])
+        self.q_a_norm = take(a + "q_a_layernorm.weight")
+        self.kv_a_norm = take(a + "kv_a_layernorm.weight")
+        # what reads the q residual: [q_b | indexer queries]
+        wb = [take(a + "q_b_proj.weight")] + ([take(a + "indexer.wq_b.weight")] if self.full else [])
+        self.wb = torch.cat(wb) if len(wb) > 1 else wb[0]
+        del wb
+        h, nope, vd, r = c.n_heads, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
+        w = take(a + "kv_b_proj.weight").view(h, nope + vd, r)  # [H (nope + v), R]
+        self.w_uk = w[:, :nope].contiguous()  # [H, nope, R]: q_lat = q_nope W_UK
+        self.w_uv = w[:, nope:].contiguous()  # [H, v, R]: dense prefill expands values with it
+        self.w_uv_t = w[:, nope:].transpose(1, 2).contiguous()  # [H, R, v]: o = o_lat W_UV^T
+        del w
+        self.wo, self.bo = take(a + "o_proj.weight"), take(a + "o_proj.bias", None)
+        mp = p + "mlp."
+        self.moe = c.moe is not None and c.moe.layer_types[i] == "sparse"
+        if not self.moe:
+            self.w13 = torch.cat([take(mp + "gate_proj.weight"), take(mp + "up_proj.weight")])
+            self.w2 = take(mp + "down_proj.weight")
+            return
+        e = c.moe
+        self.gate_w = take(mp + "gate.weight").float()
+        self.gate_b = take(mp + "gate.e_score_correction_bias").float()
+        w13, w2 = take(mp + "experts.gate_up_proj", None), take(mp + "experts.down_proj", None)
+        if w13 is None:  # one tensor per expert (older transformers): stack this layer's
+            per = experts.pop(i)
+            w13 = torch.stack([torch.cat([per[j]["gate"], per[j]["up"]]) for j in range(e.n_routed)])
+            w2 = torch.stack([per[j]["down"] for j in range(e.n_routed)])
+            del per
+        sg, su, sd = (take(mp + f"shared_experts.{n}_proj.weight") for n in ("gate", "up", "down"))
+        self.shared_id = None
+        if e.n_shared == 1:  # the shared expert is one more stacked expert, weight 1, at id n_routed
+            self.w13 = torch.cat([w13, torch.cat([sg, su])[None]])
+            del w13
+            self.w2 = torch.cat([w2, sd[None]])
+            del w2
+        else:  # a wider shared MLP runs on its own
+            self.w13, self.w2 = w13, w2
+            self.shared_w13, self.shared_w2 = torch.cat([sg, su]), sd
+
+
+class GlmCudaState:
+    """The KV state of `GlmCudaDecoder`: latents [L, capacity, R + P] (rope part rotated at its
+    true position) and, with DSA, the indexer keys [full layers, capacity, Di] (rotated)."""
+
+    table = None  # every position has its own row (no tiers): engine.generate maps nothing
+    disk: tuple = ()
+    usage = None
+
+    def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, device: torch.device,
+                 *, dsa: bool):
+        self.config, self.settings, self.device = config, settings, torch.device(device)
+        self.dtype = DTYPES[settings.kv_dtype]
+        self.dsa = dsa and config.dsa is not None
+        self.slots = {}
+        if self.dsa:
+            self.slots = {i: j for j, i in enumerate(i for i, k in enumerate(config.dsa.indexer_types) if k == "full")}
+        self.num_tokens = 0
+        self.decode_graph = None  # GraphedDecode over these buffers, made on first decode
+        self.layout = "glm-latent"  # not the prefix cache's segment layouts
+        self._alloc(max(capacity, 1))
+
+    def _alloc(self, capacity: int) -> None:
+        c, m = self.config, self.config.mla
+        cap = -(-capacity // 64) * 64
+        self.kv = torch.zeros(c.n_layers, cap, m.kv_lora_rank + m.qk_rope_head_dim, dtype=self.dtype,
+                              device=self.device)
+        self.ik = torch.zeros(len(self.slots), cap, c.dsa.head_dim if self.dsa else 1, dtype=self.dtype,
+                              device=self.device)
+        self.rows = torch.arange(cap, dtype=torch.int32, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.ik))
+
+    def reserve(self, n: int) -> None:
+        """Room for n tokens (grows by doubling, keeping what is stored; a captured decode graph
+        points at the old buffers, so it is dropped)."""
+        if n <= self.capacity:
+            return
+        old_kv, old_ik, m = self.kv, self.ik, self.num_tokens
+        self._alloc(max(n, 2 * self.capacity))
+        self.kv[:, :m], self.ik[:, :m] = old_kv[:, :m], old_ik[:, :m]
+        self.decode_graph = None
+
+    def commit(self, n: int) -> None:
+        self.num_tokens += n
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.num_tokens:
+            raise ValueError(f"cannot truncate {self.num_tokens} tokens to {n}")
+        self.num_tokens = n
+
+    # The prefix cache keeps a live state in the process, but does not yet write this layout's
+    # segments to disk: it skips a segment whose export raises ValueError, so none is adopted.
+    def export_segment(self, i: int):
+        raise ValueError("the CUDA GLM state's segments are not written to the prefix cache yet")
+
+    def adopt(self, segments) -> None:
+        raise ValueError("the CUDA GLM state cannot start from cached segments yet")
+
+
+class GlmCudaDecoder:
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]):
+        if config.mla is None or config.arch not in GLM_CUDA_ARCHS:
+            raise ValueError(f"GlmCudaDecoder runs {GLM_CUDA_ARCHS}, not {config.arch}")
+        self.config = c = config
+        t = {name.removeprefix("model."): x for name, x in tensors.items()}
+        tensors.clear()
+        experts: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
+        for name in [n for n in t if _EXPERT.fullmatch(n)]:
+            g = _EXPERT.fullmatch(name)
+            experts.setdefault(int(g.group(1)), {}).setdefault(int(g.group(2)), {})[g.group(3)] = t.pop(name)
+        for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
+            del t[name]  # MTP layers: the plain decoder does not run them
+
+        def take(name, *default):
+            return t.pop(name, *default)
+
+        self.embed = take("embed_tokens.weight")
+        self.layers = [GlmLayer(c, i, take, experts) for i in range(c.n_layers)]
+        self.norm = take("norm.weight")
+        head = t.pop("lm_head.weight", None)
+        self.lm_head = self.embed if c.tie_embeddings or head is None else head
+        if t:
+            raise KeyError(f"checkpoint tensors the model does not use: {sorted(t)[:5]}")
+        if tuple(self.embed.shape) != (c.vocab, c.hidden):
+            raise KeyError(f"embed_tokens has shape {tuple(self.embed.shape)}, the config implies {(c.vocab, c.hidden)}")
+        m = c.mla
+        self.r, self.p, self.nope, self.vd = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
+        self.qr = m.q_lora_rank
+        self.scale = (self.nope + self.p) ** -0.5
+        self.inv_freq = inv_frequencies(c).double().to(self.device)
+        self.dtype = self.embed.dtype
+        self._one = torch.ones(1, dtype=torch.float32, device=self.device)
+        self._shared = torch.full((1,), c.moe.n_routed if c.moe else 0, dtype=torch.long, device=self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def nbytes(self) -> int:
+        seen, total = set(), 0
+        for obj in [self, *self.layers]:
+            for x in vars(obj).values():
+                for y in (x if isinstance(x, tuple) else (x,)):
+                    if isinstance(y, torch.Tensor) and y.data_ptr() not in seen:
+                        seen.add(y.data_ptr())
+                        total += y.numel() * y.element_size()
+        return total
+
+    def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None, *, dsa: bool = True):
+        """The state Engine.new_state gives on CUDA. The model attends as it was trained: GLM-5
+        through its indexer's top-k; dsa=False makes it dense MLA (a benchmark baseline)."""
+        if settings is None:
+            kv = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(self.dtype, "float32")
+            settings = EngineSettings(kv_dtype=kv, chunk_size=4096)
+        return GlmCudaState(self.config, settings, capacity, self.device, dsa=dsa)
+
+    def capture_decode(self, state):
+        from .model import GraphedDecode
+
+        return GraphedDecode(self, state, state.num_tokens)
+
+    # --- pieces -------------------------------------------------------------------------------
+    def rotation(self, positions: torch.Tensor):
+        """What `rope` turns by at these positions: e^(i angle) [T, 1, rotary_dim / 2] (complex)
+        for interleaved pairs, (cos, sin) for halves. Once per chunk or decode step."""
+        # float64 angles: at position 1M a float32 product loses the low frequencies' phase
+        ang = positions.to(torch.float64)[:, None, None] * self.inv_freq
+        if self.config.rope_interleaved:
+            return torch.polar(torch.ones_like(ang), ang).to(torch.complex64)
+        return ang.cos().float(), ang.sin().float()
+
+    def rope(self, x: torch.Tensor, rot) -> torch.Tensor:
+        """x [T, heads, d]: the first rotary_dim dims turned (interleaved pairs or halves)."""
+        if self.config.rope_interleaved:  # pairs (x0, x1) as complex numbers: one multiply
+            rd = 2 * rot.shape[-1]
+            pairs = x[..., :rd].float().contiguous().view(*x.shape[:-1], rd // 2, 2)
+            turned = torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2)
+        else:
+            cos, sin = rot
+            rd = 2 * cos.shape[-1]
+            a, b = x[..., : rd // 2].float(), x[..., rd // 2: rd].float()
+            turned = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+        turned = turned.to(x.dtype)
+        return torch.cat((turned, x[..., rd:]), dim=-1) if x.shape[-1] > rd else turned
+
+    def _project(self, ly: GlmLayer, x: torch.Tensor, decode: bool):
+        """-> (a = [q_a | latent | indexer key | indexer weights] of the normed x, b = [q | indexer q])."""
+        c = self.config
+        if decode:
+            a = fused_gemv(x, ly.wa, norm_weight=ly.ln1, eps=c.rms_eps)
+            if ly.ba is not None:
+                a = a + ly.ba
+            b = fused_gemv(a[:, : self.qr], ly.wb, norm_weight=ly.q_a_norm, eps=LATENT_NORM_EPS)
+        else:
+            a = fused_rms_norm(x, ly.ln1, c.rms_eps) @ ly.wa.t()
+            if ly.ba is not None:
+                a += ly.ba
+            b = fused_rms_norm(a[:, : self.qr].contiguous(), ly.q_a_norm, LATENT_NORM_EPS) @ ly.wb.t()
+        return a, b
+
+    def _latent(self, ly: GlmLayer, a: torch.Tensor, rot) -> torch.Tensor:
+        qr, r = self.qr, self.r
+        c = fused_rms_norm(a[:, qr: qr + r].contiguous(), ly.kv_a_norm, LATENT_NORM_EPS)
+        k_rot = self.rope(a[:, None, qr + r: qr + r + self.p], rot)[:, 0]
+        return torch.cat((c, k_rot), dim=-1)
+
+    def _queries(self, ly: GlmLayer, b: torch.Tensor, rot):
+        """-> (q_nope [T, H, nope], q_rot roped [T, H, P], absorbed query [T, H, R + P])."""
+        t, h = b.shape[0], self.config.n_heads
+        q = b[:, : h * (self.nope + self.p)].view(t, h, self.nope + self.p)
+        q_nope, q_rot = q[..., : self.nope], self.rope(q[..., self.nope:], rot)
+        q_lat = torch.bmm(q_nope.transpose(0, 1), ly.w_uk).transpose(0, 1)  # [T, H, R]
+        return q_nope, q_rot, torch.cat((q_lat, q_rot), dim=-1)
+
+    def _index_inputs(self, ly: GlmLayer, a: torch.Tensor, b: torch.Tensor, rot):
+        """The indexer's roped queries [T, Hi, Di], roped keys [T, Di] and head weights [T, Hi]."""
+        d = self.config.dsa
+        t = a.shape[0]
+        off = self.qr + self.r + self.p
+        k = F.layer_norm(a[:, off: off + d.head_dim].float(), (d.head_dim,), ly.ik_norm[0].float(),
+                         ly.ik_norm[1].float(), INDEX_NORM_EPS).to(a.dtype)
+        w = a[:, off + d.head_dim: off + d.head_dim + d.n_heads].float() * d.n_heads ** -0.5
+        q = b[:, self.config.n_heads * (self.nope + self.p):].view(t, d.n_heads, d.head_dim)
+        return self.rope(q, rot), self.rope(k[:, None], rot)[:, 0], w
+
+    def _out(self, ly: GlmLayer, o_lat: torch.Tensor) -> torch.Tensor:
+        """o_lat [T, H, R] -> [T, H * v] (W_UV applied)."""
+        return torch.bmm(o_lat.transpose(0, 1), ly.w_uv_t).transpose(0, 1).reshape(o_lat.shape[0], -1)
+
+    def _dense_prefill_attention(self, ly, q_nope, q_rot, kv, layer: int, end: int) -> torch.Tensor:
+        """Causal attention of the chunk's queries over tokens 0..end-1, keys and values expanded
+        from the latents (flash SDPA; the chunk's queries are the last rows)."""
+        c = self.config
+        t, h = q_nope.shape[0], c.n_heads
+        lat = kv.kv[layer, :end]
+        # expanded in row blocks straight into k and v: at 1M tokens and 64 heads each is 32 GiB,
+        # and one [S, H (nope + v)] product beside them would not fit
+        k = torch.empty(end, h, self.nope + self.p, dtype=lat.dtype, device=lat.device)
+        v = torch.empty(end, h, self.vd, dtype=lat.dtype, device=lat.device)
+        w_uk, w_uv = ly.w_uk.view(h * self.nope, self.r), ly.w_uv.view(h * self.vd, self.r)
+        for s0 in range(0, end, EXPAND_ROWS):
+            s1 = min(end, s0 + EXPAND_ROWS)
+            c_blk = lat[s0:s1, : self.r]
+            k[s0:s1, :, : self.nope] = (c_blk @ w_uk.t()).view(s1 - s0, h, self.nope)
+            torch.mm(c_blk, w_uv.t(), out=v[s0:s1].view(s1 - s0, h * self.vd))
+        k[:, :, self.nope:] = lat[:, None, self.r:]
+        q = torch.cat((q_nope, q_rot), dim=-1)
+        mask = causal_lower_right(t, end) if t > 1 else None
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], attn_mask=mask, scale=self.scale)
+        return o[0].transpose(0, 1).reshape(t, h * self.vd)
+
+    def _mlp(self, ly: GlmLayer, x: torch.Tensor, decode: bool) -> torch.Tensor:
+        """x + MLP(norm(x)) (dense SwiGLU or the MoE)."""
+        c = self.config
+        if not ly.moe:
+            if decode:
+                act = fused_gemv(x, ly.w13, norm_weight=ly.ln2, eps=c.rms_eps, swiglu=True)
+                return fused_gemv(act, ly.w2, residual=x)
+            gu = fused_rms_norm(x, ly.ln2, c.rms_eps) @ ly.w13.t()
+            n = gu.shape[1] // 2
+            return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.w2.t())
+        e = c.moe
+        h = fused_rms_norm(x, ly.ln2, c.rms_eps)
+        ids, wts = route(h, ly.gate_w, ly.gate_b, top_k=e.top_k, n_group=e.n_group, topk_group=e.topk_group,
+                         norm_topk_prob=e.norm_topk_prob, routed_scaling=e.routed_scaling)
+        stacked_shared = not hasattr(ly, "shared_w13")
+        if decode:
+            ids, wts = ids[0], wts[0]
+            if stacked_shared:
+                ids, wts = torch.cat((ids, self._shared)), torch.cat((wts, self._one))
+            x = fused_moe_down(fused_moe_gate_up(h, ly.w13, ids), ly.w2, ids, wts, residual=x)
+            if not stacked_shared:
+                x = fused_gemv(fused_gemv(h, ly.shared_w13, swiglu=True), ly.shared_w2, residual=x)
+            return x
+        t, k = ids.shape
+        flat = ids.reshape(-1)
+        order = flat.argsort(stable=True)
+        tok = order // k
+        counts = torch.bincount(flat, minlength=e.n_routed).tolist()  # one host sync per layer and chunk
+        xs = h[tok]
+        ys = torch.empty_like(xs)
+        i = e.intermediate
+        a0 = 0
+        for ex, n in enumerate(counts):
+            if n:
+                gu = xs[a0:a0 + n] @ ly.w13[ex].t()
+                ys[a0:a0 + n] = (F.silu(gu[:, :i]) * gu[:, i:]) @ ly.w2[ex].t()
+                a0 += n
+        ys *= wts.reshape(-1)[order, None].to(ys.dtype)
+        x.index_add_(0, tok, ys)
+        if stacked_shared:
+            gu = h @ ly.w13[e.n_routed].t()
+            return x.addmm_(F.silu(gu[:, :i]) * gu[:, i:], ly.w2[e.n_routed].t())
+        gu = h @ ly.shared_w13.t()
+        n = gu.shape[1] // 2
+        return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.shared_w2.t())
+
+    # --- prefill --------------------------------------------------------------------------------
+    def _prefill_layer(self, i: int, x: torch.Tensor, kv: GlmCudaState, p0: int, rot, indices):
+        ly = self.layers[i]
+        t = x.shape[0]
+        end = p0 + t
+        a, b = self._project(ly, x, decode=False)
+        kv.kv[i, p0:end] = self._latent(ly, a, rot)
+        q_nope, q_rot, q_abs = self._queries(ly, b, rot)
+        if kv.dsa and ly.full:
+            qi, ki, w = self._index_inputs(ly, a, b, rot)
+            slot = kv.ik[kv.slots[i]]
+            slot[p0:end] = ki
+            topk = self.config.dsa.topk
+            indices = None if end <= topk else fused_index_topk(
+                fused_index_scores(qi, slot[:end], w, p0, self.config.dsa.head_dim ** -0.5), topk)
+        if kv.dsa and indices is not None:
+            o = self._out(ly, fused_mla_decode(q_abs, kv.kv[i, :end], None, self.r, self.scale, indices))
+        else:
+            o = self._dense_prefill_attention(ly, q_nope, q_rot, kv, i, end)
+        x = x.addmm_(o, ly.wo.t())
+        if ly.bo is not None:
+            x += ly.bo
+        return self._mlp(ly, x, decode=False), indices
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return (fused_rms_norm(x, self.norm, self.config.rms_eps) @ self.lm_head.t()).float()
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, kv: GlmCudaState, p0: int = 0, *, chunk: int | None = None,
+                all_logits: bool = False, on_chunk=None) -> torch.Tensor:
+        """Run tokens [T] at positions p0.. through the model, filling kv (the caller commits).
+        fp32 logits of the last token [1, V] (of every token [T, V] with all_logits)."""
+        n = tokens.shape[0]
+        step = chunk or kv.settings.chunk_size
+        kv.reserve(p0 + n)
+        outs = []
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            x = self.embed[tokens[a:b]]
+            rot = self.rotation(torch.arange(p0 + a, p0 + b, device=tokens.device))
+            indices = None
+            for i in range(self.config.n_layers):
+                x, indices = self._prefill_layer(i, x, kv, p0 + a, rot, indices)
+            if all_logits:
+                outs.append(self._logits(x))
+            elif b == n:
+                outs.append(self._logits(x[-1:]))
+            if on_chunk is not None:
+                on_chunk(b, n)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    # --- decode ---------------------------------------------------------------------------------
+    def _index_decode(self, qi, ki, w, kv: GlmCudaState, slot: int, pos_l, pos) -> torch.Tensor:
+        """Store the step's indexer key, score every cached token (the capacity: static shape,
+        positions after `pos` masked) and keep the top-k ([1, K], -1 = none)."""
+        keys = kv.ik[slot]
+        keys.index_copy_(0, pos_l, ki)
+        d = self.config.dsa
+        # in the cache's dtype until the head-weighted sum (its accumulation is fp32): the [S, Hi]
+        # intermediate is the largest tensor of a 1M-token step
+        s = (keys @ (qi[0] * d.head_dim ** -0.5).t()).relu_()
+        scores = torch.mv(s, w[0].to(s.dtype)).float().masked_fill(kv.rows > pos, float("-inf"))
+        vals, idx = scores.topk(min(d.topk, scores.shape[0]))
+        return torch.where(torch.isinf(vals), -1, idx)[None]
+
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, kv: GlmCudaState,
+                    logits: torch.Tensor | None = None) -> None:
+        """tok [1] long, pos [1] int32 device buffers: overwrites tok with the greedy next token,
+        writes the step's logits into `logits` [1, V] when given, and advances pos."""
+        x = self.embed[tok]
+        rot = self.rotation(pos)
+        pos_l = pos.long()
+        length = pos + 1
+        indices = None
+        for i, ly in enumerate(self.layers):
+            a, b = self._project(ly, x, decode=True)
+            kv.kv[i].index_copy_(0, pos_l, self._latent(ly, a, rot))
+            _, _, q_abs = self._queries(ly, b, rot)
+            if kv.dsa and ly.full:
+                qi, ki, w = self._index_inputs(ly, a, b, rot)
+                indices = self._index_decode(qi, ki, w, kv, kv.slots[i], pos_l, pos)
+            o_lat = fused_mla_decode(q_abs, kv.kv[i], length, self.r, self.scale,
+                                     indices=indices if kv.dsa else None)
+            o = self._out(ly, o_lat)
+            x = fused_gemv(o, ly.wo, residual=x)
+            if ly.bo is not None:
+                x = x + ly.bo
+            x = self._mlp(ly, x, decode=True)
+        out = fused_gemv(x, self.lm_head, norm_weight=self.norm, eps=self.config.rms_eps)
+        if logits is not None:
+            logits.copy_(out)
+        fused_argmax(out, out=tok)
+        pos.add_(1)
