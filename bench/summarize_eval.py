@@ -209,7 +209,7 @@ def speed(db: str | None, model: str | None, device: str | None, length: str) ->
     return {"command": "docqa " + " ".join(argv), "document": Path(SPEED_DOC).name, "pages": pages,
             "segments": segments, "model": v["model"], "device": device or os.environ.get("DOCQA_DEVICE") or "auto",
             "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "segments_per_s_wall": round(segments / wall, 4),
-            "map_s": round(st["map_s"], 1), "segments_per_s_map": round(st["segments_per_s"], 4),
+            "load_s": round(st.get("load_s", 0.0), 1), "map_s": round(st["map_s"], 1), "segments_per_s_map": round(st["segments_per_s"], 4),
             "cluster_s": round(st["cluster_s"], 1), "summarise_s": round(st["summarise_s"], 1),
             "resumed_segments": int(st["resumed_segments"]), "clusters": int(st["clusters"]),
             "sentences": sum(len(b["sentences"]) for b in v["blocks"]),
