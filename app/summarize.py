@@ -303,7 +303,7 @@ def summarize_command(
     docs: Annotated[list[str], typer.Argument(help="Documents: doc id, id prefix or ingested path.", metavar="DOC...")],
     focus: Annotated[Optional[str], typer.Option("--focus", help="What the summary should be about, above all.")] = None,
     length: Annotated[str, typer.Option("--length", help="brief, standard or detailed.")] = "standard",
-    model: Annotated[Optional[str], typer.Option("--model", help="GGUF file or HF checkpoint dir [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="GGUF file, HF checkpoint dir, or openai:http://HOST:PORT/v1#MODEL (a model server) [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")] = None,
     evidence_only: Annotated[bool, typer.Option("--evidence-only", help="No model: each segment's best-ranked sentences.")] = False,
     free_text: Annotated[bool, typer.Option("--free-text", help="Let the model write statements freely (each must still rest on a verified quote).")] = False,
