@@ -10,14 +10,17 @@ segments not stored yet and summarises only the clusters not stored yet.
 
 Segments are mapped through the review executor (`Executor.map`, app/executor.py): in this
 process with a model (its weights are loaded once), in a process pool for `--evidence-only`
-runs with `--workers N`, or on any executor with the same `map` (Ray). The finished summary
-is a run (kind "summary", so `runs`, `export` and `browse` list it) plus its structure in
-`summaries`.
+runs with `--workers N` (workers open the database and store their segment), or on Ray
+(`--executor ray`), whose workers may be on other machines and never see the database:
+the document travels with each task (shared once per worker), the extraction comes back
+and this process stores it, as `review` does. The finished summary is a run (kind
+"summary", so `runs`, `export` and `browse` list it) plus its structure in `summaries`.
 
-The model is a `generate` function (pipelines/qa.py's `Generate`): `generate_for()` builds the
-default engine's, which decodes under a `QuotePlan`; a model that writes freely (an
-OpenAI-compatible server) runs with `quote=False` and its statements still rest on verified
-quotes.
+The model is a `generate` function (pipelines/qa.py's `Generate`) that `generate_for()` opens
+as `ask` does (`open_model`): the embedded engine (`--model` GGUF file or HF dir, `--device`),
+which decodes under a `QuotePlan`, or an OpenAI-compatible server (`openai:URL#MODEL`,
+app/remote.py), which writes freely: it runs with `quote=False` and its statements still rest
+on verified quotes.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,6 +42,8 @@ from .store import Store
 
 # Bump when the map prompt or the statement rules change: old extractions stop matching.
 MAP_VERSION = 4
+# Bump when only the evidence-only pick changes (the model's extractions stay valid).
+EVIDENCE_VERSION = 2  # 2: one statement per section first
 Progress = Callable[[int, int, str], None]  # (segments done, segments in all, what was just read)
 
 
@@ -56,32 +61,46 @@ class SummarizeSettings:
 
 
 def model_id(settings: SummarizeSettings) -> str | None:
-    """What the stored work is keyed by: the checkpoint file, without loading it."""
+    """What the stored work is keyed by: the checkpoint file (without loading it), or the
+    server's model as `openai:URL#MODEL` (the server is asked which, when the spec omits it)."""
     if settings.evidence_only:
         return None
-    if settings.model and settings.model.startswith("openai:"):
-        return settings.model
     from ..engine.default_model import resolve_model_path
+    from .ask import resolve_model
+    from .remote import RemoteModel, is_remote
 
-    return str(resolve_model_path(settings.model))
+    spec = resolve_model(settings.model)
+    if is_remote(spec):
+        return RemoteModel.parse(spec).resolved().name
+    return str(resolve_model_path(spec))
 
 
 def settings_key(model: str | None, s: SummarizeSettings) -> str:
-    blob = json.dumps([MAP_VERSION, model, s.length, s.focus, s.evidence_only, s.quote, s.max_tokens])
+    version = [MAP_VERSION, EVIDENCE_VERSION] if s.evidence_only else MAP_VERSION
+    blob = json.dumps([version, model, s.length, s.focus, s.evidence_only, s.quote, s.max_tokens])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+@functools.lru_cache(maxsize=4)
 def generate_for(settings: SummarizeSettings):
-    """The model as a `generate(messages, plan=None)` function, loaded once per process.
+    """The model as a `generate(messages, plan=None)` function: the embedded engine (loaded
+    once per process, as `ask` loads it) or an OpenAI-compatible server (app/remote.py),
+    which writes freely: `summarize` runs it with quote=False, since a server sends text,
+    not the logits a QuotePlan decodes under."""
+    from .ask import AskSettings, open_model
 
-    The seam for other models: an `openai:` model returns its client's generate here (and
-    is run with quote=False, since a server cannot decode under our QuotePlan)."""
-    if settings.model and settings.model.startswith("openai:"):
-        raise DocqaError("--model openai:… is not available to summarize yet")
-    from .ask import AskSettings, engine_generate, load_engine
+    return open_model(AskSettings(model=settings.model, device=settings.device, max_tokens=settings.max_tokens,
+                                  temperature=0.0)).generate
 
-    engine = load_engine(settings.model, settings.device)
-    return engine_generate(engine, AskSettings(max_tokens=settings.max_tokens, temperature=0.0), None)
+
+def for_model(settings: SummarizeSettings) -> SummarizeSettings:
+    """The settings a model can run: a model server cannot quote under a plan."""
+    from .ask import resolve_model
+    from .remote import is_remote
+
+    if settings.quote and not settings.evidence_only and is_remote(resolve_model(settings.model)):
+        return replace(settings, quote=False)
+    return settings
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,24 +119,62 @@ def _worker(db_path: str):
     return store, Library(store)
 
 
-def map_task(task: dict, generate=None) -> dict:
-    """Extract one segment and store it; module-level so any executor can run it."""
+def _extract(doc, seg_index: int, s: SummarizeSettings, generate):
     from ..pipelines.summarize import extract_segment
 
-    store, library = _worker(task["db"])
-    s = SummarizeSettings(**task["settings"])
-    docs, _ = library.load([task["doc_id"]])
-    doc = docs[task["doc_id"]]
-    seg = doc.segments[task["segment"]]
     if s.evidence_only:
         generate = None
     elif generate is None:
         generate = generate_for(s)
-    ext = extract_segment(doc, seg, generate, length=s.length, focus=s.focus, quote=s.quote)
+    return extract_segment(doc, doc.segments[seg_index], generate, length=s.length, focus=s.focus, quote=s.quote)
+
+
+def _store_extraction(store: Store, key: str, ext) -> dict:
     with store.transaction() as db:
         db.execute("INSERT OR REPLACE INTO summary_segments (settings_key, doc_id, segment, extraction)"
-                   " VALUES (?, ?, ?, ?)", [task["key"], doc.doc_id, seg.index, ext.model_dump_json()])
+                   " VALUES (?, ?, ?, ?)", [key, ext.doc_id, ext.segment, ext.model_dump_json()])
     return {"statements": len(ext.statements), "rejected": ext.rejected}
+
+
+def map_task(task: dict, generate=None) -> dict:
+    """Extract one segment and store it (a worker that shares the database: this process or
+    a local pool); module-level so any executor can run it."""
+    store, library = _worker(task["db"])
+    docs, _ = library.load([task["doc_id"]])
+    ext = _extract(docs[task["doc_id"]], task["segment"], SummarizeSettings(**task["settings"]), generate)
+    return _store_extraction(store, task["key"], ext)
+
+
+def extract_task(payload: dict, generate=None) -> dict:
+    """Extract one segment on a worker without the database (Ray): the document travels with
+    the task (shared once per worker), the extraction comes back and the driver stores it."""
+    ext = _extract(payload["doc"], payload["segment"], SummarizeSettings(**payload["settings"]), generate)
+    return {"extraction": ext.model_dump_json()}
+
+
+def _map_segments(store: Store, executor, tasks: list[dict], docs: dict, generate):
+    """(task, result) per segment task, stored as each finishes, on any executor."""
+    from ..pipelines.summarize import SegmentExtraction
+
+    if executor.shares_database:
+        fn = functools.partial(map_task, generate=generate) if generate is not None else map_task
+        yield from executor.map(fn, tasks)
+        return
+    share = getattr(executor, "share", lambda v: v)
+    handles: dict[str, object] = {}
+
+    def payload(task: dict) -> dict:
+        # One handle per document; tasks come document by document, so keep the latest only.
+        if task["doc_id"] not in handles:
+            handles.clear()
+            handles[task["doc_id"]] = share(docs[task["doc_id"]])
+        return {"doc": handles[task["doc_id"]], "segment": task["segment"], "settings": task["settings"],
+                "doc_id": task["doc_id"]}
+
+    fn = functools.partial(extract_task, generate=generate) if generate is not None else extract_task
+    for p, out in executor.map(fn, (payload(t) for t in tasks)):
+        ext = SegmentExtraction.model_validate_json(out["extraction"])
+        yield {"doc_id": p["doc_id"], "segment": p["segment"]}, _store_extraction(store, tasks[0]["key"], ext)
 
 
 def _extractions(store: Store, key: str, doc_ids: list[str]):
@@ -143,7 +200,8 @@ def summarize(
     """Summarise documents `refs`; returns (run, summary). `generate` replaces the model
     (tests, other model clients); `embed` the sentence encoder; `executor` the serial one."""
     from ..pipelines.qa import Answer
-    from ..pipelines.summarize import LENGTHS, ClusterSummary, cluster, cluster_key, merge, summarise_cluster
+    from ..pipelines.summarize import (LENGTHS, ClusterSummary, cluster, cluster_key, merge, sentence_budget,
+                                       summarise_cluster)
     from .ask import Library
     from .executor import SerialExecutor
     from .runs import save_run
@@ -152,6 +210,8 @@ def summarize(
         raise DocqaError(f"unknown length {settings.length!r}; use one of {', '.join(LENGTHS)}")
     if str(store.path) == ":memory:":
         raise DocqaError("summarize needs a database file (segments are stored as they are read)")
+    if generate is None:
+        settings = for_model(settings)
     t0 = time.perf_counter()
     docs, _ = Library(store).load(refs)
     if settings.evidence_only:
@@ -164,12 +224,19 @@ def summarize(
     missing = [(d, i) for d, i in todo if (d.doc_id, i) not in done]
     base = {"db": str(store.path.resolve()), "key": key, "settings": asdict(settings)}
     tasks = [base | {"doc_id": d.doc_id, "segment": i} for d, i in missing]
-    fn = functools.partial(map_task, generate=generate) if generate is not None else map_task
+    executor = executor or SerialExecutor()
+    load_s = 0.0
+    if missing and generate is None and not settings.evidence_only and isinstance(executor, SerialExecutor):
+        # Loaded here (and cached for map_task) so that the map's time is reading, not loading.
+        t = time.perf_counter()
+        generate_for(settings)
+        load_s = time.perf_counter() - t
+    tm = time.perf_counter()
     n_done = len(todo) - len(missing)
     if on_progress:
         on_progress(n_done, len(todo), "stored")
     names = {d: Path(doc.path).name for d, doc in docs.items()}
-    for task, _ in (executor or SerialExecutor()).map(fn, tasks):
+    for task, _ in _map_segments(store, executor, tasks, docs, generate):
         n_done += 1
         if on_progress:
             on_progress(n_done, len(todo), f"{names[task['doc_id']]} segment {task['segment'] + 1}")
@@ -184,9 +251,10 @@ def summarize(
     t2 = time.perf_counter()
     summaries = []
     new_clusters = 0
-    for g in groups:
+    budget = sentence_budget([len(g) for g in groups], spec.per_cluster)
+    for g, n in zip(groups, budget):
         members = [stmts[i] for i in g]
-        ckey = cluster_key(members) + settings.cluster
+        ckey = cluster_key(members) + settings.cluster + f":{n}"
         row = store.db.execute("SELECT summary FROM summary_clusters WHERE settings_key = ? AND cluster_key = ?",
                                [key, ckey]).fetchone()
         if row:
@@ -195,7 +263,7 @@ def summarize(
         if generate is None and not settings.evidence_only:
             generate = generate_for(settings)
         cs = summarise_cluster(members, docs, generate, length=settings.length, focus=settings.focus,
-                               quote=settings.quote)
+                               quote=settings.quote, n=n)
         with store.transaction() as db:
             db.execute("INSERT OR REPLACE INTO summary_clusters (settings_key, cluster_key, summary) VALUES (?, ?, ?)",
                        [key, ckey, cs.model_dump_json()])
@@ -206,9 +274,9 @@ def summarize(
     mapped = len(missing)
     summary.stats.update(segments=float(len(todo)), resumed_segments=float(len(todo) - mapped),
                          statements=float(len(stmts)), clusters=float(len(groups)),
-                         resumed_clusters=float(len(groups) - new_clusters), map_s=t1 - t0, cluster_s=t2 - t1,
+                         resumed_clusters=float(len(groups) - new_clusters), load_s=load_s, map_s=t1 - tm, cluster_s=t2 - t1,
                          summarise_s=t3 - t2, total_s=t3 - t0,
-                         segments_per_s=(mapped / (t1 - t0)) if mapped and t1 > t0 else 0.0)
+                         segments_per_s=(mapped / (t1 - tm)) if mapped and t1 > tm else 0.0)
     title = f"Summary ({settings.length})" + (f", focus: {settings.focus}" if settings.focus else "")
     cites = summary.citations()
     answer = Answer(question=title, status="answered" if cites else "not_found",
@@ -235,11 +303,13 @@ def summarize_command(
     docs: Annotated[list[str], typer.Argument(help="Documents: doc id, id prefix or ingested path.", metavar="DOC...")],
     focus: Annotated[Optional[str], typer.Option("--focus", help="What the summary should be about, above all.")] = None,
     length: Annotated[str, typer.Option("--length", help="brief, standard or detailed.")] = "standard",
-    model: Annotated[Optional[str], typer.Option("--model", help="GGUF file or HF checkpoint dir [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="GGUF file, HF checkpoint dir, or openai:http://HOST:PORT/v1#MODEL (a model server) [default: $DOCQA_MODEL, else SmolLM2-135M-Instruct]")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")] = None,
     evidence_only: Annotated[bool, typer.Option("--evidence-only", help="No model: each segment's best-ranked sentences.")] = False,
     free_text: Annotated[bool, typer.Option("--free-text", help="Let the model write statements freely (each must still rest on a verified quote).")] = False,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Worker processes for --evidence-only runs.")] = 1,
+    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Local: worker processes for --evidence-only runs (a model runs in this process) [default: 1]. Ray: workers [default: one per GPU with a model, else one per CPU].")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="local (this machine) or ray (segments read on a Ray cluster; the database stays here).")] = "local",
+    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster: auto (joins `ray start` here) or ray://HOST:PORT [default: a local cluster for this run].")] = None,
     db: db_option = None,
     as_json: json_option = False,
 ) -> None:
@@ -253,20 +323,32 @@ def summarize_command(
     too). A sentence that cannot be tied to a verified citation is dropped and counted.
     Interrupted runs resume: run the same command again.
 
+    With --executor ray, segments are read on Ray workers (one model each; the documents
+    travel with the tasks) and this process alone writes the database; topic summaries
+    are written here.
+
     Example: docqa summarize contract.pdf --length detailed --focus "termination"
+
+    Example: docqa summarize a.pdf b.pdf c.pdf --executor ray --address auto
     """
-    from .executor import local_executor
+    from .executor import RayExecutor, local_executor
 
     if not docs:
         raise typer.BadParameter("give at least one document")
     if length not in ("brief", "standard", "detailed"):
         raise typer.BadParameter("--length is brief, standard or detailed")
-    if workers > 1 and not evidence_only:
+    if executor not in ("local", "ray"):
+        raise typer.BadParameter("--executor is local or ray")
+    if address is not None and executor != "ray":
+        raise typer.BadParameter("--address applies to --executor ray")
+    if executor == "local" and (workers or 1) > 1 and not evidence_only:
         raise typer.BadParameter("--workers applies to --evidence-only runs; a model runs in one process")
     settings = SummarizeSettings(model=model, device=device, length=length, focus=focus or None,
                                  evidence_only=evidence_only, quote=not free_text)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    runner = (RayExecutor(address, workers, gpus=not evidence_only) if executor == "ray"
+              else local_executor(workers or 1))
     with open_store(db) as store, Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
         console=err, transient=True, disable=not err.is_terminal,
@@ -276,7 +358,10 @@ def summarize_command(
         def on_progress(done: int, total: int, what: str) -> None:
             progress.update(bar, completed=done, total=total, description=f"read {what}"[:60])
 
-        run, summary = summarize(store, docs, settings, executor=local_executor(workers), on_progress=on_progress)
+        try:
+            run, summary = summarize(store, docs, settings, executor=runner, on_progress=on_progress)
+        finally:
+            getattr(runner, "close", lambda: None)()
     if as_json:
         from .export import summary_view
 

@@ -19,8 +19,17 @@ What it measures, all in one run:
   cross-document conflicts), RFC 9110 + RFC 9112 (element-id citations), and the corpus
   paper with its [PAPER:] header.
 
-`--model` runs the map step with the default engine (or the checkpoint given) instead of
-`--evidence-only`; on a 2-core CPU that is minutes per segment under load.
+`--model` runs the map step with the default engine instead of `--evidence-only`; on a
+2-core CPU that is seconds to minutes per segment, as loaded.
+
+`--speed` times the command itself on a ~100-page contract: the 107-page ArrayBioPharma
+agreement is ingested into a fresh store and `docqa summarize DOC --length detailed --json`
+runs in a child process; it prints one JSON object (wall time, segments/s, the summary's
+counts). `--model DIR|GGUF` and `--device` pass through to the command, so the same
+invocation measures the default model on a CPU and an 8B checkpoint on a GPU:
+
+    .venv/bin/python bench/summarize_eval.py --speed                                     # default model, CPU
+    .venv/bin/python bench/summarize_eval.py --speed --model /path/to/8b --device cuda
 """
 
 from __future__ import annotations
@@ -28,7 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -166,16 +179,68 @@ def excerpt(summary, kinds: tuple[str, ...], per_block: int, width: int = 220, m
     return out
 
 
+DEFAULT = "default"  # `--model` without a value: the default engine
+SPEED_DOC = CONTRACTS[0]  # 107 pages, 36 segments of 2,048 tokens
+CLI = "import sys; from docqa.app.cli import main; sys.argv[0] = 'docqa'; main()"
+
+
+def speed(db: str | None, model: str | None, device: str | None, length: str) -> dict:
+    """`docqa summarize` on the 107-page contract, timed from outside the command."""
+    from docqa.app.store import Store
+
+    db = db or str(Path(tempfile.mkdtemp(prefix="summarize_speed_")) / "speed.db")
+    with Store(db) as store:
+        doc_id = ingest(store, SPEED_DOC)
+        pages, segments = (store.db.execute(q, [doc_id]).fetchone()[0] for q in (
+            "SELECT count(*) FROM pages WHERE doc_id = ?", "SELECT count(*) FROM segments WHERE doc_id = ?"))
+    argv = ["summarize", doc_id, "--length", length, "--json", "--db", db]
+    argv += ["--model", model] if model else []
+    argv += ["--device", device] if device else []
+    t0 = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-c", CLI, *argv], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        raise SystemExit(f"docqa summarize failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    v = json.loads(proc.stdout)
+    st = v["stats"]
+    return {"command": "docqa " + " ".join(argv), "document": Path(SPEED_DOC).name, "pages": pages,
+            "segments": segments, "model": v["model"], "device": device or os.environ.get("DOCQA_DEVICE") or "auto",
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "segments_per_s_wall": round(segments / wall, 4),
+            "load_s": round(st.get("load_s", 0.0), 1), "map_s": round(st["map_s"], 1), "segments_per_s_map": round(st["segments_per_s"], 4),
+            "cluster_s": round(st["cluster_s"], 1), "summarise_s": round(st["summarise_s"], 1),
+            "resumed_segments": int(st["resumed_segments"]), "clusters": int(st["clusters"]),
+            "sentences": sum(len(b["sentences"]) for b in v["blocks"]),
+            "citations": sum(len(s["citations"]) for b in v["blocks"] for s in b["sentences"]),
+            "dropped_sentences": v["dropped_sentences"], "rejected_statements": v["rejected_statements"],
+            "cpu_count": os.cpu_count(), "loadavg_before": None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default="/tmp/summarize_eval.db")
     ap.add_argument("--out", default=None, help="write the Markdown report here")
-    ap.add_argument("--model", action="store_true", help="map with the default engine instead of --evidence-only")
+    ap.add_argument("--model", nargs="?", const=DEFAULT, default=None, metavar="DIR|GGUF",
+                    help="map with a model instead of --evidence-only: the default engine, or the checkpoint given")
     ap.add_argument("--length", default="detailed")
+    ap.add_argument("--speed", action="store_true", help="time `docqa summarize` on the 107-page contract; print JSON")
+    ap.add_argument("--device", default=None, help="the model's device (cpu, cuda, ...) [default: auto]")
+    ap.add_argument("--coverage-only", action="store_true",
+                    help="only the CUAD coverage and faithfulness (the report is rewritten after each contract)")
     args = ap.parse_args()
     if not CORPUS.exists():
         print(f"the corpus is not at {CORPUS}", file=sys.stderr)
         return 2
+    if args.speed:
+        load = os.getloadavg()
+        model = None if args.model in (None, DEFAULT) else args.model
+        result = speed(args.db if args.db != ap.get_default("db") else None, model, args.device, args.length)
+        result["loadavg_before"] = [round(x, 2) for x in load]
+        result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        print(json.dumps(result, indent=2))
+        return 0
     from docqa.app.ask import Library
     from docqa.app.store import Store
     from docqa.app.summarize import SummarizeSettings, minilm_embed, summarize
@@ -184,9 +249,10 @@ def main() -> int:
     cmd = "    .venv/bin/python bench/summarize_eval.py " + " ".join(sys.argv[1:])
     store = Store(args.db)
     t0 = time.perf_counter()
-    ids = {rel: ingest(store, rel) for rel in CONTRACTS + [PAPER] + RFCS}
+    ids = {rel: ingest(store, rel) for rel in CONTRACTS + ([] if args.coverage_only else [PAPER] + RFCS)}
     docs, _ = Library(store).load(list(ids.values()))
-    settings = SummarizeSettings(length=args.length, evidence_only=not args.model)
+    model = None if args.model in (None, DEFAULT) else args.model
+    settings = SummarizeSettings(model=model, device=args.device, length=args.length, evidence_only=not args.model)
     mode = "default engine (quote-constrained map)" if args.model else "--evidence-only (rule-ranked map, no model)"
     lines = ["# `docqa summarize` — coverage, faithfulness, clustering, multi-document summaries", "", cmd, "",
              f"Map step: {mode}; length {args.length}. Run {time.strftime('%Y-%m-%d %H:%M')}.", ""]
@@ -196,8 +262,8 @@ def main() -> int:
     lines += ["## CUAD coverage per contract (same run)", "",
               "| contract | pages | answerable categories with a gold page | summary: covered | sentences | "
               "distinct pages cited | chance at those pages | baseline: covered | sentences | distinct pages cited | "
-              "chance at those pages | summary s | segments/s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "chance at those pages | summary s | segments (stored before) | segments/s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     shown = rechecked = dropped = rejected = 0
     base_shown = base_ok = 0
     misses = {}
@@ -226,9 +292,11 @@ def main() -> int:
         lines.append(f"| {Path(rel).stem[9:40]} | {n_pages} | {len(cats)} | {cov} ({cov / len(cats):.0%}) | "
                      f"{len(summ.sentences())} | {sp} | {chance(cats, n_pages, sp):.1f} | {bcov} ({bcov / len(cats):.0%}) | "
                      f"{len(base.sentences())} | {bp} | {chance(cats, n_pages, bp):.1f} | {st['total_s']:.1f} | "
-                     f"{st['segments_per_s']:.2f} |")
+                     f"{int(st['segments'])} ({int(st['resumed_segments'])}) | {st['segments_per_s']:.3f} |")
+        if args.out and args.coverage_only:  # a long model run leaves its figures as it goes
+            Path(args.out).write_text("\n".join(lines) + "\n")
     lines.append(f"| **all three** | | {tot['cats']} | {tot['cov']} ({tot['cov'] / tot['cats']:.0%}) | | | {tot['chance']:.1f} | "
-                 f"{tot['bcov']} ({tot['bcov'] / tot['cats']:.0%}) | | | {tot['bchance']:.1f} | | |")
+                 f"{tot['bcov']} ({tot['bcov'] / tot['cats']:.0%}) | | | {tot['bchance']:.1f} | | | |")
     lines += ["", "Categories the summary missed: " + "; ".join(f"{Path(r).stem[9:25]}: {', '.join(m) or '—'}"
                                                            for r, m in misses.items()), "",
               "## Faithfulness", "",
@@ -237,6 +305,9 @@ def main() -> int:
               f"- baseline citations: {base_shown}; re-verified: {base_ok}",
               f"- sentences dropped for want of a verified citation: {dropped}; statements whose quote did "
               f"not verify in the map step: {rejected}", ""]
+
+    if args.coverage_only:
+        return finish(lines, t0, args.out)
 
     # -- clustering ------------------------------------------------------------------------
     embed = minilm_embed()
@@ -260,7 +331,7 @@ def main() -> int:
     lines.append("")
 
     # -- multi-document summaries ------------------------------------------------------------
-    multi_settings = SummarizeSettings(length="standard", evidence_only=not args.model)
+    multi_settings = SummarizeSettings(model=model, device=args.device, length="standard", evidence_only=not args.model)
     run, summ = summarize(store, [ids[r] for r in CONTRACTS], multi_settings)
     ok = sum(recheck(store, c) for c in summ.citations())
     lines += ["## Three contracts together (standard)", "",
@@ -286,11 +357,16 @@ def main() -> int:
     lines += excerpt(summ, ("paper", "conclusions"), 5)
     lines += excerpt(summ, ("outline",), 20)
     lines += excerpt(summ, ("topic",), 2, max_blocks=6)
-    lines.append(f"Total wall time of this evaluation: {time.perf_counter() - t0:.0f} s.")
+    return finish(lines, t0, args.out)
+
+
+def finish(lines: list[str], t0: float, out: str | None) -> int:
+    lines.append(f"Total wall time of this evaluation: {time.perf_counter() - t0:.0f} s; load average at the end "
+                 f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs.")
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if out:
+        Path(out).write_text(text)
     return 0
 
 

@@ -145,6 +145,9 @@ class QuoteDecoder:
 
     # -- engine hook ------------------------------------------------------------------------
     def __call__(self, logits, generated: Sequence[int]) -> int:
+        # A checkpoint may pad its output rows past the tokenizer's vocabulary (for even
+        # matrix shapes); those ids spell nothing, so they are never candidates.
+        logits = logits[..., : len(self.table.texts)]
         if self._done:
             return self.table.stop_ids[0]
         if self._quoting:

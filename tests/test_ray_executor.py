@@ -1,4 +1,4 @@
-"""Review jobs on a real local Ray cluster (no mocks): the same answers as the serial
+"""Review jobs and summaries on a real local Ray cluster (no mocks): the same answers as the serial
 executor, a worker process killed mid-job, and the driver killed and the job resumed —
 every (document, item) answered exactly once each time."""
 
@@ -18,9 +18,11 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'docq
 
 from docqa.app.checklist import load_checklist  # noqa: E402
 from docqa.app.clikit import ingest_one  # noqa: E402
-from docqa.app.executor import RayExecutor  # noqa: E402
+from docqa.app.executor import ProcessExecutor, RayExecutor  # noqa: E402
 from docqa.app.review import job_runs, run_review  # noqa: E402
 from docqa.app.store import Store  # noqa: E402
+from docqa.app.summarize import SummarizeSettings, summarize  # noqa: E402
+from docqa.pipelines.ingest import ingest_file  # noqa: E402
 from docqa.fixtures.make_pdf import write_sample_contract_pdf  # noqa: E402
 
 CHECKLIST = load_checklist("contract_review")
@@ -151,3 +153,68 @@ def test_driver_killed_and_resumed(cluster, files, serial, tmp_path):
     assert summary["done_before"] == stored and summary["answered_now"] == total - stored
     assert all(n == 1 for *_, n in _pairs(db, "j")) and len(_pairs(db, "j")) == total
     assert _answers(db, "j") == serial
+
+
+# -- summarize: segments read on the review executor ------------------------------------------
+
+SUMMARY = SummarizeSettings(evidence_only=True, length="detailed", cluster="section")
+
+
+def _extractions_of(db: Path) -> list:
+    """What the map step stored, per segment (the same settings key in every database)."""
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT settings_key, doc_id, segment, extraction FROM summary_segments"
+                           " ORDER BY doc_id, segment").fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def summary_db(files, tmp_path_factory):
+    """The sample contract cut into several segments, and its summary read in this process."""
+    doc = ingest_file(files[0], segment_tokens=150)
+    assert len(doc.segments) >= 4
+    db = tmp_path_factory.mktemp("summ") / "serial.db"
+    with Store(db) as store:
+        store.add_document(doc)
+        _, summ = summarize(store, [doc.doc_id], SUMMARY)
+    return doc, summ, db
+
+
+@pytest.mark.parametrize("kind", ["pool", "ray"])
+def test_summarize_on_the_local_pool_and_on_ray_equals_serial(cluster, summary_db, tmp_path, kind):
+    doc, serial, serial_db = summary_db
+    db = tmp_path / f"{kind}.db"
+    with Store(db) as store:
+        store.add_document(doc)
+        ex = ProcessExecutor(2) if kind == "pool" else RayExecutor(workers=2)
+        try:
+            _, summ = summarize(store, [doc.doc_id], SUMMARY, executor=ex)
+        finally:
+            getattr(ex, "close", lambda: None)()
+    if kind == "ray":
+        assert len(ex.pids) == 2 and os.getpid() not in ex.pids  # read in two other processes
+    # Every segment read once and stored here, as the serial run stored it; the same summary.
+    assert [r[2] for r in _extractions_of(db)] == list(range(len(doc.segments)))
+    assert _extractions_of(db) == _extractions_of(serial_db)
+    assert summ.stats["resumed_segments"] == 0 and summ.blocks == serial.blocks
+
+
+def test_summarize_cli_with_executor_ray(cluster, summary_db, tmp_path):
+    doc, _, serial_db = summary_db
+    db = tmp_path / "cli.db"
+    with Store(db) as store:
+        store.add_document(doc)
+    cmd = [sys.executable, "-c", CHILD, "summarize", doc.doc_id, "--evidence-only", "--length", "detailed",
+           "--db", str(db), "--json", "--executor", "ray", "--address", cluster, "--workers", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    value = json.loads(done.stdout)
+    assert value["stats"]["segments"] == len(doc.segments) and value["stats"]["resumed_segments"] == 0
+    assert _extractions_of(db) == _extractions_of(serial_db)
+    cites = [c for b in value["blocks"] for s in b["sentences"] for c in s["citations"]]
+    assert cites and all(c["verified"] for c in cites) and value["dropped_sentences"] == 0
+    bad = subprocess.run([sys.executable, "-c", CHILD, "summarize", doc.doc_id, "--evidence-only", "--db", str(db),
+                          "--address", cluster], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--address applies to --executor ray" in bad.stderr

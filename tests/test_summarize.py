@@ -16,7 +16,8 @@ from docqa.app.summarize import SummarizeSettings, get_summary, summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
 from docqa.pipelines.citations import Citation
 from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.summarize import Statement, classify, cluster, first_sentences, parties, tie_sentences
+from docqa.pipelines.summarize import (Statement, classify, cluster, first_sentences, parties, sentence_budget, spaced,
+                                       spread, tie_sentences)
 from docqa.pipelines.textnorm import normalize
 
 # Obligations of the sample contract, read by hand (fixtures/sample_contract.txt).
@@ -286,3 +287,24 @@ def test_browse_shows_a_summary_and_its_cited_lines(store):
             assert lit == {"ARTICLE 1 DEFINITIONS"}
 
     asyncio.run(drive())
+
+
+def test_sentence_budget_follows_topic_sizes():
+    # 4 topics x 3 sentences = 12; one each, then the other 8 by size beyond the first
+    # (79, 11, 3, 0 of 93): 6.80, 0.95, 0.26, 0 -> 6, 0, 0, 0, and the two left over to the
+    # largest remainders (0.95, then 0.80). Worked by hand.
+    assert sentence_budget([80, 12, 4, 1], 3) == [8, 2, 1, 1]
+    assert sentence_budget([2, 2], 3) == [2, 2]  # never more than a topic holds
+    assert sentence_budget([5, 5, 5], 2) == [2, 2, 2]
+    assert sentence_budget([], 3) == []
+
+
+def test_topic_sentences_spread_over_sections_and_party_blocks_over_the_document():
+    c = Citation(doc_id="d", page=1, section_id=None, line_start=1, line_end=1, quote="x", verified=True)
+    members = [Statement(doc_id="d", segment=0, text=t, section_id=sec, citations=[c])
+               for t, sec in [("a1", "s1"), ("a2", "s1"), ("b1", "s2"), ("c1", "s3"), ("a3", "s1")]]
+    # Ranked a1 > a2 > a3 > b1 > c1: one per section first, then the rest in rank order.
+    assert spread([0, 1, 4, 2, 3], members, 3) == [0, 2, 3]
+    assert spread([0, 1, 4, 2, 3], members, 4) == [0, 2, 3, 1]
+    assert spaced(list(range(10)), 3) == [1, 5, 8]
+    assert spaced([1, 2], 3) == [1, 2]

@@ -49,9 +49,9 @@ def test_contract_summary_cites_the_gold_pages_and_every_citation_rechecks(store
                 gold[q["category"]] = pages
     cited = {c.page for c in cites}
     covered = [k for k, pages in gold.items() if pages & cited]
-    # bench/results/summarize.md: the detailed summary covers most categories; far fewer than
+    # bench/results/summarize.md: the detailed summary covers most categories (15 of 19); far fewer than
     # the contract's 75 pages are cited.
-    assert len(covered) >= 0.6 * len(gold), (len(covered), len(gold))
+    assert len(covered) >= 0.75 * len(gold), (len(covered), len(gold))  # 15 of 19 (13 before the budget)
     assert len(cited) < 60
     kinds = {b.kind for b in summ.blocks}
     assert {"outline", "obligations", "terms", "topic"} <= kinds
