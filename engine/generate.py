@@ -12,7 +12,7 @@ import torch
 
 from ..kernels.gpu import has_triton
 from .attention import KVState
-from .chat import render_chat, split_thinking
+from .chat import render_chat, split_thinking, template_of
 from .checkpoint import Checkpoint, load_model
 from .dense import DenseKVState
 from .device import resolve_device
@@ -215,7 +215,7 @@ class Engine:
         (None: the template's own default)."""
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user}]
-        text = render_chat(self.tokenizer.chat_template, messages,
+        text = render_chat(template_of(self.tokenizer), messages,
                            bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
                            eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
                            enable_thinking=thinking, reasoning_effort=reasoning_effort)
