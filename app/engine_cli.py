@@ -75,6 +75,8 @@ def generate(
     seed: int | None = typer.Option(None, help="Seed for sampling."),
     no_thinking: bool = typer.Option(False, "--no-thinking", help=NO_THINKING_HELP + " Needs --chat."),
     reasoning_effort: Effort | None = typer.Option(None, "--reasoning-effort", help=EFFORT_HELP + " Needs --chat."),
+    no_speculative: bool = typer.Option(False, "--no-speculative", help="Checkpoints with an MTP layer (GLM-4.5+, "
+                                        "GLM-5): decode one token per forward instead of drafting with it (same tokens)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ):
     """Generate text from PROMPT, streaming tokens to stdout (greedy by default). A reasoning
@@ -88,6 +90,7 @@ def generate(
         from docqa.engine.chat import ThinkingTracker
 
         engine = _load(model, device, dtype)
+        engine.speculative = not no_speculative
         # the template is checked for the switches asked for (engine/chat.py check_switches)
         ids = (engine.chat_prompt(prompt, thinking=False if no_thinking else None,
                                   reasoning_effort=reasoning_effort.value if reasoning_effort else None) if chat
@@ -106,7 +109,7 @@ def generate(
             "text": res.text, "thinking": res.thinking, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
             "stop_reason": res.stop_reason,
             "timings": {"prefill_s": res.prefill_s, "decode_s": res.decode_s,
-                        "decode_tok_s": res.decode_tok_s}}))
+                        "decode_tok_s": res.decode_tok_s, "speculative": res.speculative}}))
     else:
         typer.echo("")
 
