@@ -252,6 +252,8 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
         on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None)
     if on_progress:
         on_progress("verifying", 0, 0)
+    if result.speculative:
+        timings["acceptance_length"] = result.speculative["acceptance_length"]
     return result.text, timings
 
 
@@ -315,6 +317,8 @@ def ask(
     if result is not None and not settings.read_all:
         timings.update(prefill_s=result.prefill_s, decode_s=result.decode_s,
                        prompt_tokens=float(result.prompt_tokens), generated_tokens=float(len(result.token_ids)))
+        if result.speculative:  # MTP drafts ran (a free-text answer of a checkpoint with an MTP layer)
+            timings["acceptance_length"] = result.speculative["acceptance_length"]
         margin = getattr(generate, "quote_margin", None)
         if margin is not None and math.isfinite(margin):  # kept for audit and for tuning the rule
             timings["quote_margin"] = margin

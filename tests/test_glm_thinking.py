@@ -230,3 +230,26 @@ def test_think_first_then_the_answer_chooser(tmp_path):
     # no <think> first: the answer chooser from the first token
     res, seen = run([thought[0]], 50, answer_ids)
     assert seen[0] == 0 and res.thinking == "" and res.text == "Delaware"
+
+
+def test_gemma_turns_for_a_gguf_without_template():
+    """A checkpoint with no chat template gets the turn format of its vocabulary: Gemma's
+    (written out by hand from Gemma's published format: no system role, the system text opens
+    the first user turn, the assistant is "model"), else ChatML."""
+    from tokenizers import Tokenizer as HFTokenizer, models
+
+    from docqa.engine.chat import CHATML, template_of
+
+    def tok(specials):
+        t = HFTokenizer(models.WordLevel({"<unk>": 0, "<bos>": 1}, unk_token="<unk>"))
+        t.add_special_tokens(specials)
+        return Tokenizer(t, bos_id=1, eos_id=None)
+
+    gemma = tok(["<start_of_turn>", "<end_of_turn>"])
+    messages = [{"role": "system", "content": "Cite pages."}, {"role": "user", "content": "Which law? "},
+                {"role": "assistant", "content": "Delaware."}, {"role": "user", "content": "And venue?"}]
+    assert render_chat(template_of(gemma), messages, bos_token="<bos>") == (
+        "<bos><start_of_turn>user\nCite pages.\n\nWhich law?<end_of_turn>\n"
+        "<start_of_turn>model\nDelaware.<end_of_turn>\n"
+        "<start_of_turn>user\nAnd venue?<end_of_turn>\n<start_of_turn>model\n")
+    assert template_of(tok(["<|im_start|>"])) == CHATML
