@@ -109,7 +109,9 @@ def generate(
             "text": res.text, "thinking": res.thinking, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
             "stop_reason": res.stop_reason,
             "timings": {"prefill_s": res.prefill_s, "decode_s": res.decode_s,
-                        "decode_tok_s": res.decode_tok_s, "speculative": res.speculative}}))
+                        "decode_tok_s": res.decode_tok_s},
+            # MTP drafts (checkpoints with an MTP layer, greedy): steps, accepted, acceptance_length
+            "speculative": res.speculative}))
     else:
         typer.echo("")
 

@@ -157,6 +157,6 @@ def test_engine_generate_cli_reports_acceptance(tmp_path):
         assert r.exit_code == 0, r.output
         runs.append(json.loads(r.stdout))
     assert runs[0]["token_ids"] == runs[1]["token_ids"]
-    spec = runs[0]["timings"]["speculative"]
+    spec = runs[0]["speculative"]
     assert spec["acceptance_length"] == pytest.approx(1 + spec["accepted"] / spec["steps"])
-    assert runs[1]["timings"]["speculative"] is None
+    assert runs[1]["speculative"] is None
