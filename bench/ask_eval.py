@@ -9,6 +9,11 @@ the 115-page franchise agreement.
 
     .venv/bin/python bench/ask_eval.py --per-contract 8 --out bench/results/ask.md
 
+Another model against the default one (issue 14), the same questions asked of each in turns
+(so a change in the machine's load hits both alike), one comparison table:
+
+    .venv/bin/python bench/ask_eval.py --per-contract 6 --against gemma3 --out bench/results/ask_gemma3.md
+
 Verified vs supports (issue 16): `--financebench` asks the FinanceBench questions on the five
 filings with the support check off (everything that verifies is kept, so the raw answers hold
 what any rule could show) and writes their rows; `--support-table` re-judges stored raw answers
