@@ -266,7 +266,9 @@ class QuoteDecoder:
         cut = next((k for k, c in enumerate(t) if c in _QUOTE_CHARS), None)
         if cut is not None:  # a closing quote; the label comes next, so nothing may follow it
             head = t[:cut]
-            ok = cut == len(t) - 1 and not (q + head)[-1:].isspace() and self._closable(q + head)
+            # only a closing mark closes (an opening curly one would stay in the parsed quote)
+            ok = cut == len(t) - 1 and t[cut] in '"\u201d' and not (q + head)[-1:].isspace() \
+                and self._closable(q + head)
             return self._close(head, token) if ok else None
         if self._sources_with(q + t, at_word_end=False):
             self._quote += t

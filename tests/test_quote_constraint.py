@@ -209,3 +209,21 @@ def test_invisible_tokens_cannot_fill_a_quote(tokenizer, table):
     assert not set(out) & set(range(len(table.texts), len(wide.texts)))
     quote = decoder.cited[0][0]  # too short to close at "York," (20 characters at least)
     assert quote.startswith("State of New York, ") and quote.isprintable() and "\u00ad" not in quote
+
+
+def test_an_opening_curly_quote_does_not_close_a_quote(tokenizer, table):
+    """Gemma 3 closed a quote with \u201c once: the parsed quote kept it and no longer matched the
+    source lines. Only " and \u201d close."""
+    wide = TokenTable(table.texts + ["\u201c", "\u201e"], table.stop_ids, table.encode)
+    decoder = QuoteDecoder(plan_for(PASSAGES, min_quote_chars=15), wide, max_tokens=80)
+    script = [['"'], ["State"], [" of"], [" New"], [" York"], ["\u201c", "\u201e", ","], ["\u201c", "\u201e", '"']]
+    out = run(decoder, _favouring(wide, _script(script, ["\u201c", '"'])), 80)
+    assert not set(out) & {len(table.texts), len(table.texts) + 1}
+    quote = decoder.cited[0][0]
+    assert quote == "State of New York,"
+    (c,) = parse_citations(table_decode(wide, out))[:1]
+    assert normalize(c.quote) in normalize(DOC.text)
+
+
+def table_decode(table, ids):
+    return "".join(table.texts[i] for i in ids)
