@@ -59,7 +59,16 @@ class AskSettings:
     # numeric question, holds a figure of the kind and year asked) is withheld as "not found",
     # with the evidence shown (pipelines/support.py).
     subject_check: bool = True
+    # Thinking controls for reasoning models, passed to the chat template as enable_thinking /
+    # reasoning_effort (engine/chat.py; None: the template's own default). A model that thinks
+    # gets THINK_TOKENS more to generate, and its thinking is never part of the answer.
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
 
+
+# Tokens a reasoning model may think before it answers (its think block is closed there): on
+# top of max_tokens, which stays the answer's own limit.
+THINK_TOKENS = 1024
 
 # Passages retrieved per question: the context reads the first `AskSettings.passages`, the
 # evidence shows the best passage of each of the first `AskSettings.evidence` distinct pages.
@@ -123,17 +132,29 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
     """The engine as a `Generate`; called with a `QuotePlan` too, it decodes under that plan."""
 
     def generate(messages: list[dict[str, str]], plan: QuotePlan | None = None) -> str:
+        from ..engine.chat import ThinkFirst, ThinkingTracker, think_ids
+
         system = next((m["content"] for m in messages if m["role"] == "system"), None)
         user = "\n\n".join(m["content"] for m in messages if m["role"] == "user")
-        ids = engine.chat_prompt(user, system=system)
-        decoder = (QuoteDecoder(plan, token_table(engine), max_tokens=settings.max_tokens,
+        ids = engine.chat_prompt(user, system=system, thinking=settings.thinking,
+                                 reasoning_effort=settings.reasoning_effort)
+        # A reasoning model thinks first (greedy, up to THINK_TOKENS), then answers under the
+        # quote plan or freely; its think block is neither streamed as the draft nor answered with.
+        thinks = think_ids(engine.tokenizer) is not None and settings.thinking is not False
+        limit = settings.max_tokens + (THINK_TOKENS if thinks else 0)
+        decoder = (QuoteDecoder(plan, token_table(engine), max_tokens=limit,
                                 abstain_margin=settings.abstain_margin) if plan is not None else None)
+        choose = decoder
+        if thinks and (decoder is not None or settings.temperature == 0):
+            choose = ThinkFirst(decoder or (lambda logits, _out: int(logits.argmax())), engine.tokenizer, ids,
+                                budget=THINK_TOKENS)
+        thinking = ThinkingTracker(engine.tokenizer, ids)
         result = engine.generate(
             ids,
-            max_new_tokens=settings.max_tokens,
+            max_new_tokens=limit,
             temperature=settings.temperature,
-            on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
-            choose=decoder,
+            on_token=(lambda tok, delta: None if thinking(tok) else on_token(delta)) if on_token else None,
+            choose=choose,
             on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None,
         )
         if on_progress:
@@ -143,6 +164,22 @@ def engine_generate(engine, settings: AskSettings, on_token: Callable[[str], Non
         return result.text
 
     return generate
+
+
+def check_thinking(settings: AskSettings) -> None:
+    """Fail at once (one line) when the model's chat template cannot honour --no-thinking /
+    --reasoning-effort, before a job loads the model or answers anything; reads only the
+    tokenizer."""
+    if settings.thinking is None and settings.reasoning_effort is None:
+        return
+    spec = resolve_model(settings.model)
+    if is_remote(spec):
+        raise DocqaError("--no-thinking and --reasoning-effort set the embedded engine's chat template; "
+                         "a model server's thinking is configured on the server")
+    from ..engine.chat import check_switches, template_of
+    from ..engine.generate import Engine
+
+    check_switches(template_of(Engine.load_tokenizer(spec)), settings.thinking, settings.reasoning_effort)
 
 
 def resolve_model(model: str | None) -> str | None:
@@ -167,6 +204,7 @@ def open_model(settings: AskSettings, on_token: Callable[[str], None] | None = N
     """The embedded engine or a model server, as `settings.model` (or `DOCQA_MODEL`) names it."""
     spec = resolve_model(settings.model)
     if is_remote(spec):
+        check_thinking(settings)
         remote = RemoteModel.parse(spec).resolved()
         return Model(remote.name, remote_generate(remote, settings, on_token), can_quote=False, server=remote)
     engine = load_engine(spec, settings.device)
@@ -221,20 +259,26 @@ def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
     cached KV: the prompt is split where the question goes, the part before it (system
     prompt + document) is the per-document prefix, and only the rest is prefilled when the
     document was read before — by this process or, through the disk tier, by another."""
-    from ..engine.chat import render_chat
+    from ..engine.chat import ThinkingTracker, render_chat, template_of, think_ids
 
     tok = engine.tokenizer
-    text = render_chat(tok.chat_template, read_all_messages(doc, _SLOT), bos_token=tok.token_text(tok.bos_id),
-                       eos_token=tok.token_text(tok.eos_id))
+    text = render_chat(template_of(tok), read_all_messages(doc, _SLOT), bos_token=tok.token_text(tok.bos_id),
+                       eos_token=tok.token_text(tok.eos_id), enable_thinking=settings.thinking,
+                       reasoning_effort=settings.reasoning_effort)
     head, tail = text.split(_SLOT)
     prefix_ids = tok.encode(head, add_bos=False)
     rest_ids = tok.encode(question + tail, add_bos=False)
+    thinks = think_ids(tok) is not None and settings.thinking is not False
+    thinking = ThinkingTracker(tok, prefix_ids + rest_ids)
     result, timings = engine.generate_on_document(
-        doc.content_sha256, prefix_ids, rest_ids, settings.max_tokens, temperature=settings.temperature,
-        on_token=(lambda _id, delta: on_token(delta)) if on_token else None,
+        doc.content_sha256, prefix_ids, rest_ids, settings.max_tokens + (THINK_TOKENS if thinks else 0),
+        temperature=settings.temperature,
+        on_token=(lambda t, delta: None if thinking(t) else on_token(delta)) if on_token else None,
         on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None)
     if on_progress:
         on_progress("verifying", 0, 0)
+    if result.speculative:
+        timings["acceptance_length"] = result.speculative["acceptance_length"]
     return result.text, timings
 
 
@@ -298,6 +342,8 @@ def ask(
     if result is not None and not settings.read_all:
         timings.update(prefill_s=result.prefill_s, decode_s=result.decode_s,
                        prompt_tokens=float(result.prompt_tokens), generated_tokens=float(len(result.token_ids)))
+        if result.speculative:  # MTP drafts ran (a free-text answer of a checkpoint with an MTP layer)
+            timings["acceptance_length"] = result.speculative["acceptance_length"]
         margin = getattr(generate, "quote_margin", None)
         if margin is not None and math.isfinite(margin):  # kept for audit and for tuning the rule
             timings["quote_margin"] = margin

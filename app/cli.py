@@ -21,7 +21,7 @@ from rich.text import Text
 
 from ..pipelines.errors import IngestError
 from . import config
-from .engine_cli import engine_app
+from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort, engine_app
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, IngestProgress, cli_errors, collect_files, db_option,
                      err, error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
 
@@ -273,6 +273,8 @@ def ask(
     device: Annotated[
         Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto [default: $DOCQA_DEVICE, else auto]")
     ] = None,
+    no_thinking: Annotated[bool, typer.Option("--no-thinking", help=NO_THINKING_HELP)] = False,
+    reasoning_effort: Annotated[Optional[Effort], typer.Option("--reasoning-effort", help=EFFORT_HELP)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress and no streamed draft on stderr.")] = False,
     db: db_option = None,
     as_json: json_option = False,
@@ -298,7 +300,8 @@ def ask(
     margin = {} if abstain_margin is None else {"abstain_margin": abstain_margin}
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
                            budget_tokens=budget, read_all=read_all, quote=not free_text, device=device,
-                           subject_check=subject_check, **margin)
+                           subject_check=subject_check, thinking=False if no_thinking else None,
+                           reasoning_effort=reasoning_effort.value if reasoning_effort else None, **margin)
     if map_reduce and (evidence_only or read_all):
         raise typer.BadParameter("--map-reduce needs a model and reads segments itself")
     # On a terminal the draft streams, and until its first token a spinner shows the step;

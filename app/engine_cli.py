@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
+from enum import Enum
 
 import typer
 
@@ -16,6 +17,21 @@ engine_app = typer.Typer(help="The embedded LLM engine.\n\nExample: docqa engine
 
 ModelOpt = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: DOCQA_MODEL, else the bundled SmolLM2-135M).")
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto (default: DOCQA_DEVICE, else auto: CUDA when present).")
+
+
+class Effort(str, Enum):  # the values engine/chat.py REASONING_EFFORTS passes to the template
+    low = "low"
+    medium = "medium"
+    high = "high"
+
+
+# The thinking controls of reasoning models, shared by `ask`, `review` and `engine generate`.
+NO_THINKING_HELP = ("Reasoning models (GLM-4.5+, Qwen3): answer without thinking (the chat template's "
+                    "enable_thinking=false). A model that never thinks: no effect. Error if the template "
+                    "thinks but has no switch.")
+EFFORT_HELP = ("Reasoning models whose chat template takes reasoning_effort: how hard to think. "
+               "Error on a template without it.")
+
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 weights (default: bfloat16 on CUDA, float32 on the CPU).")
 
 
@@ -57,28 +73,45 @@ def generate(
     temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy (deterministic)."),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0, help="Nucleus sampling mass."),
     seed: int | None = typer.Option(None, help="Seed for sampling."),
+    no_thinking: bool = typer.Option(False, "--no-thinking", help=NO_THINKING_HELP + " Needs --chat."),
+    reasoning_effort: Effort | None = typer.Option(None, "--reasoning-effort", help=EFFORT_HELP + " Needs --chat."),
+    no_speculative: bool = typer.Option(False, "--no-speculative", help="Checkpoints with an MTP layer (GLM-4.5+, "
+                                        "GLM-5): decode one token per forward instead of drafting with it (same tokens)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ):
-    """Generate text from PROMPT, streaming tokens to stdout (greedy by default).
+    """Generate text from PROMPT, streaming tokens to stdout (greedy by default). A reasoning
+    model's thinking streams to stderr and is kept out of the text ("thinking" in --json).
 
     Example: docqa engine generate "What is a force majeure clause?" --chat --max-tokens 64
     """
+    if (no_thinking or reasoning_effort) and not chat:
+        raise typer.BadParameter("--no-thinking and --reasoning-effort go to the chat template: add --chat")
     with _user_errors():
-        engine = _load(model, device, dtype)
-        ids = engine.chat_prompt(prompt) if chat else engine.tokenizer.encode(prompt)
+        from docqa.engine.chat import ThinkingTracker
 
-        def stream(_id, delta):
-            sys.stdout.write(delta)
-            sys.stdout.flush()
+        engine = _load(model, device, dtype)
+        engine.speculative = not no_speculative
+        # the template is checked for the switches asked for (engine/chat.py check_switches)
+        ids = (engine.chat_prompt(prompt, thinking=False if no_thinking else None,
+                                  reasoning_effort=reasoning_effort.value if reasoning_effort else None) if chat
+               else engine.tokenizer.encode(prompt))
+        in_thinking = ThinkingTracker(engine.tokenizer, ids)
+
+        def stream(token, delta):
+            out = sys.stderr if in_thinking(token) else sys.stdout
+            out.write(delta)
+            out.flush()
 
         res = engine.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                               on_token=None if as_json else stream)
     if as_json:
         typer.echo(json.dumps({
-            "text": res.text, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
+            "text": res.text, "thinking": res.thinking, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
             "stop_reason": res.stop_reason,
             "timings": {"prefill_s": res.prefill_s, "decode_s": res.decode_s,
-                        "decode_tok_s": res.decode_tok_s}}))
+                        "decode_tok_s": res.decode_tok_s},
+            # MTP drafts (checkpoints with an MTP layer, greedy): steps, accepted, acceptance_length
+            "speculative": res.speculative}))
     else:
         typer.echo("")
 

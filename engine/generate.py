@@ -12,7 +12,7 @@ import torch
 
 from ..kernels.gpu import has_triton
 from .attention import KVState
-from .chat import render_chat, split_thinking
+from .chat import render_chat, split_thinking, template_of
 from .checkpoint import Checkpoint, load_model
 from .dense import DenseKVState
 from .device import resolve_device
@@ -32,6 +32,9 @@ class GenerationResult:
     decode_s: float
     stop_reason: str = "length"  # "stop" (a stop token) or "length" (max_new_tokens)
     thinking: str = ""  # a reasoning model's <think> text, kept out of `text` (engine/chat.py)
+    # MTP speculative decoding (engine/models/mtp.py), when it ran: main-model verify forwards,
+    # drafts accepted, and the acceptance length (tokens per verify forward, 1.0-2.0)
+    speculative: dict | None = None
 
     @property
     def decode_tok_s(self) -> float:
@@ -104,9 +107,13 @@ class Engine:
     checkpoint: Checkpoint
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     prefill_chunk: int = 1024
+    # Greedy decoding drafts with the checkpoint's MTP layer when it has one (same tokens, fewer
+    # main-model forwards); False decodes one token per forward
+    speculative: bool = True
     rope: Rope = field(init=False)
     _prefix_cache: object = field(default=None, init=False, repr=False)
     _scratch: object = field(default=None, init=False, repr=False)  # see `_dense_state`
+    _mtp: object = field(default=None, init=False, repr=False)
     warm_up_s: float = field(default=0.0, init=False)  # what `warm_up` took (part of loading)
 
     def __post_init__(self):
@@ -272,7 +279,7 @@ class Engine:
         (None: the template's own default)."""
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": user}]
-        text = render_chat(self.tokenizer.chat_template, messages,
+        text = render_chat(template_of(self.tokenizer), messages,
                            bos_token=self.tokenizer.token_text(self.tokenizer.bos_id),
                            eos_token=self.tokenizer.token_text(self.tokenizer.eos_id),
                            enable_thinking=thinking, reasoning_effort=reasoning_effort)
@@ -326,6 +333,8 @@ class Engine:
         pick = (lambda logits, out: int(choose(logits, out))) if choose else \
             (lambda logits, out: int(sample(logits, temperature=temperature, top_p=top_p, generator=generator)))
 
+        if temperature == 0 and choose is None and self.mtp_layer is not None:
+            return self._generate_speculative(ids, max_new_tokens, state, stops, on_token, on_prefill)
         t0 = time.perf_counter()
         if self.triton and hasattr(state, "reserve"):
             state.reserve(state.num_tokens + len(ids) + max_new_tokens + GREEDY_SYNC_EVERY)
@@ -344,6 +353,43 @@ class Engine:
         t2 = time.perf_counter()
         thinking, text = split_thinking(out, self.tokenizer)
         return GenerationResult(text, out, len(ids), t1 - t0, t2 - t1, reason, thinking)
+
+    @property
+    def mtp_layer(self):
+        """The checkpoint's MTP layer (GLM-4.5+/GLM-5), built on first use; None without one or
+        with `speculative` off."""
+        if not self.speculative or self.triton or not getattr(self.model, "mtp_weights", None):
+            return None
+        if self._mtp is None:
+            from .models.mtp import MTPLayer
+
+            self._mtp = MTPLayer.from_model(self.model)
+        return self._mtp
+
+    def _generate_speculative(self, ids, max_new_tokens, state, stops, on_token, on_prefill) -> GenerationResult:
+        """Greedy generation with MTP drafts verified by the main model (engine/models/mtp.py):
+        the same tokens as one token per forward."""
+        from .models.mtp import speculative_decode
+
+        stream = TextStream(self.tokenizer)
+        take = _Output(max_new_tokens, stops, (lambda tok: on_token(tok, stream.push(tok))) if on_token else None)
+        t0 = time.perf_counter()
+        first = {}
+
+        def chunk(done, total):  # prefill ends with the last chunk: the decode time starts there
+            first["t"] = time.perf_counter()
+            if on_prefill is not None:
+                on_prefill(done, total)
+
+        steps, drafted, accepted = speculative_decode(
+            self.model, state, torch.tensor(ids, dtype=torch.long, device=self.device), take, mtp=self.mtp_layer,
+            out=take.out, chunk_size=self.prefill_chunk, on_chunk=chunk)
+        t2 = time.perf_counter()
+        t1 = first.get("t", t0)
+        thinking, text = split_thinking(take.out, self.tokenizer)
+        spec = {"steps": steps, "drafted": drafted, "accepted": accepted,
+                "acceptance_length": (steps + accepted) / steps if steps else 0.0}
+        return GenerationResult(text, take.out, len(ids), t1 - t0, t2 - t1, take.reason, thinking, spec)
 
     def generate_on_document(self, doc_key: str, prefix_ids: Sequence[int], rest_ids: Sequence[int],
                              max_new_tokens: int = 256, *, temperature: float = 0.0,

@@ -261,10 +261,17 @@ class QuoteDecoder:
         # Compatibility forms ("º" for "o") match after NFKC but are not what the source says.
         if unicodedata.normalize("NFKC", t) != t:
             return None
+        # Characters the normalisation deletes (soft hyphen, zero-width space): a token of only
+        # those keeps any quote "matching", so a model could write them until the quote's limit
+        # (Gemma 3's vocabulary has such tokens; measured in bench/results/ask.md).
+        if t.strip() and not norm_cased(t):
+            return None
         cut = next((k for k, c in enumerate(t) if c in _QUOTE_CHARS), None)
         if cut is not None:  # a closing quote; the label comes next, so nothing may follow it
             head = t[:cut]
-            ok = cut == len(t) - 1 and not (q + head)[-1:].isspace() and self._closable(q + head)
+            # only a closing mark closes (an opening curly one would stay in the parsed quote)
+            ok = cut == len(t) - 1 and t[cut] in '"\u201d' and not (q + head)[-1:].isspace() \
+                and self._closable(q + head)
             return self._close(head, token) if ok else None
         if self._sources_with(q + t, at_word_end=False):
             self._quote += t

@@ -65,7 +65,10 @@ def test_mtp_speculative_equals_greedy(tmp_path, kind):
     res = speculative_generate(model, prompt, 40, mtp=mtp)
     assert res.token_ids == want
     assert res.steps > 0 and res.drafted == res.steps
-    assert res.acceptance_length == pytest.approx(len(want) / res.steps)
+    # every verify forward yields its own token, plus the draft when accepted; the first token
+    # comes from the prefill
+    assert len(want) - 1 <= res.steps + res.accepted <= len(want)
+    assert res.acceptance_length == pytest.approx(1 + res.accepted / res.steps)
 
     # Drafts forced right on every other step and wrong otherwise: both paths, same tokens.
     calls = []
@@ -77,7 +80,8 @@ def test_mtp_speculative_equals_greedy(tmp_path, kind):
 
     forced = speculative_generate(model, prompt, 40, draft=draft)
     assert forced.token_ids == want
-    assert 0 < forced.accepted < forced.drafted
+    # right drafts are the odd calls: accepted, each giving two tokens; wrong ones one token
+    assert forced.accepted == (forced.drafted + 1) // 2
     assert 1.0 < forced.acceptance_length < 2.0
 
 
@@ -99,3 +103,60 @@ def test_checkpoint_without_mtp_layer_is_refused(tmp_path):
     model, _ = load_model(tmp_path)
     with pytest.raises(ValueError, match="no MTP layer"):
         MTPLayer.from_model(model)
+
+
+@pytest.mark.parametrize("kind", ["glm4_moe", "glm_moe_dsa"])
+def test_engine_generate_speculates_and_equals_transformers_greedy(tmp_path, kind):
+    """Engine.generate on a checkpoint with an MTP layer drafts with it (acceptance reported),
+    and its tokens are transformers' greedy decoding of the same weights, as with speculation
+    off."""
+    from docqa.engine import Engine
+    from test_glm import write_glm_tokenizer
+
+    ref = make_tiny_glm(tmp_path, kind)
+    add_mtp_layer(tmp_path)
+    write_glm_tokenizer(tmp_path)
+    torch.manual_seed(7)
+    prompt = torch.randint(2, VOCAB, (30,)).tolist()
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                            eos_token_id=None)[0, len(prompt):].tolist()
+    engine = Engine.load(tmp_path, device="cpu")
+    streamed = []
+    res = engine.generate(prompt, 24, stop_ids=(), on_token=lambda tok, _d: streamed.append(tok))
+    assert res.token_ids == want and streamed == want and res.stop_reason == "length"
+    spec = res.speculative
+    assert spec["steps"] > 0 and spec["drafted"] == spec["steps"]
+    assert spec["acceptance_length"] == pytest.approx(1 + spec["accepted"] / spec["steps"])
+    assert len(want) - 1 <= spec["steps"] + spec["accepted"] <= len(want)
+
+    engine.speculative = False  # the setting that turns it off: one token per forward
+    plain = engine.generate(prompt, 24, stop_ids=())
+    assert plain.token_ids == want and plain.speculative is None
+
+    # a stop token ends it as plain decoding does (not kept)
+    engine.speculative = True
+    stopped = engine.generate(prompt, 24, stop_ids=(want[9],))
+    assert stopped.token_ids == want[:want.index(want[9])] and stopped.stop_reason == "stop"
+
+
+def test_engine_generate_cli_reports_acceptance(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from docqa.app.cli import app
+    from test_glm import write_glm_tokenizer
+
+    make_tiny_glm(tmp_path, "glm4_moe")
+    add_mtp_layer(tmp_path)
+    write_glm_tokenizer(tmp_path)
+    runs = []
+    for flags in ((), ("--no-speculative",)):
+        r = CliRunner().invoke(app, ["engine", "generate", "abc", "-n", "12", "--model", str(tmp_path), "--json", *flags])
+        assert r.exit_code == 0, r.output
+        runs.append(json.loads(r.stdout))
+    assert runs[0]["token_ids"] == runs[1]["token_ids"]
+    spec = runs[0]["speculative"]
+    assert spec["acceptance_length"] == pytest.approx(1 + spec["accepted"] / spec["steps"])
+    assert runs[1]["speculative"] is None

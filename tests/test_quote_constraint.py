@@ -195,3 +195,35 @@ def test_quote_mode_answers_are_still_verified_independently():
 
     ans = answer_question("Is there a non-compete?", DOCS, PASSAGES, lambda m, p: ABSTAIN, quote=True)
     assert ans.status == "not_found"
+
+
+def test_invisible_tokens_cannot_fill_a_quote(tokenizer, table):
+    """Tokens of only characters the normalisation deletes (soft hyphen, zero-width space; Gemma
+    3's vocabulary has them) would keep any quote matching: a model that ranks them first must
+    still write the source's words."""
+    wide = TokenTable(table.texts + ["\u200b", " \u00ad", "\u200b\u200b"], table.stop_ids, table.encode)
+    invisible = ["\u200b", " \u00ad", "\u200b\u200b"]
+    decoder = QuoteDecoder(plan_for(PASSAGES), wide, max_tokens=80)
+    script = [['"'], ["State"]] + [invisible + [w] for w in [" of", " New", " York", ","]] + [invisible + ['"']]
+    out = run(decoder, _favouring(wide, _script(script, invisible + ['"'])), 80)
+    assert not set(out) & set(range(len(table.texts), len(wide.texts)))
+    quote = decoder.cited[0][0]  # too short to close at "York," (20 characters at least)
+    assert quote.startswith("State of New York, ") and quote.isprintable() and "\u00ad" not in quote
+
+
+def test_an_opening_curly_quote_does_not_close_a_quote(tokenizer, table):
+    """Gemma 3 closed a quote with \u201c once: the parsed quote kept it and no longer matched the
+    source lines. Only " and \u201d close."""
+    wide = TokenTable(table.texts + ["\u201c", "\u201e"], table.stop_ids, table.encode)
+    decoder = QuoteDecoder(plan_for(PASSAGES, min_quote_chars=15), wide, max_tokens=80)
+    script = [['"'], ["State"], [" of"], [" New"], [" York"], ["\u201c", "\u201e", ","], ["\u201c", "\u201e", '"']]
+    out = run(decoder, _favouring(wide, _script(script, ["\u201c", '"'])), 80)
+    assert not set(out) & {len(table.texts), len(table.texts) + 1}
+    quote = decoder.cited[0][0]
+    assert quote == "State of New York,"
+    (c,) = parse_citations(table_decode(wide, out))[:1]
+    assert normalize(c.quote) in normalize(DOC.text)
+
+
+def table_decode(table, ids):
+    return "".join(table.texts[i] for i in ids)

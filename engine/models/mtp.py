@@ -78,8 +78,8 @@ class MTPLayer(nn.Module):
         layer.embed_tokens = main.embed_tokens
         return layer.eval()
 
-    def new_state(self, main: GlmModel):
-        return GlmModel.new_state(self, dtype=main.embed_tokens.weight.dtype,
+    def new_state(self, main: GlmModel, capacity: int = 1024):
+        return GlmModel.new_state(self, capacity, dtype=main.embed_tokens.weight.dtype,
                                   device=main.embed_tokens.weight.device)
 
     @torch.inference_mode()
@@ -101,60 +101,94 @@ class SpeculativeResult:
     drafted: int
     accepted: int
     stop_reason: str
-    decode_s: float
+    decode_s: float  # prefill and decode
 
     @property
     def acceptance_length(self) -> float:
-        """Tokens gained per main-model forward (1.0 = no draft ever accepted, 2.0 = all)."""
-        return len(self.token_ids) / max(self.steps, 1) if self.steps else 0.0
+        """Tokens each main-model verify forward yields, its own prediction and the accepted
+        draft (1.0 = no draft ever accepted, 2.0 = all); 0 when no step ran."""
+        return (self.steps + self.accepted) / self.steps if self.steps else 0.0
+
+
+class _Take:
+    """The kept tokens: a stop token ends (not kept), so does the max_new-th token."""
+
+    def __init__(self, max_new: int, stops: set[int]):
+        self.max_new, self.stops, self.out, self.reason = max_new, stops, [], None
+
+    def __call__(self, token: int) -> bool:
+        if token in self.stops:
+            self.reason = "stop"
+            return True
+        self.out.append(token)
+        if len(self.out) >= self.max_new:
+            self.reason = "length"
+        return self.reason is not None
+
+
+def speculative_decode(model: GlmModel, state, prompt: torch.Tensor, take: Callable[[int], bool], *,
+                       mtp: MTPLayer | None, out: list[int], draft: Callable[[list[int]], int] | None = None,
+                       chunk_size: int = 1024, on_chunk=None) -> tuple[int, int, int]:
+    """Append `prompt` to `state` and decode greedily with drafts verified by the main model
+    (the module docstring). take(token) -> True ends generation (the token is kept unless it is a
+    stop token); `out` is the list take keeps (drafts are chosen from it). Returns (steps,
+    drafted, accepted). The MTP layer runs over the prompt too (its own KV, in chunks) so its
+    drafts see the whole prompt; a state that already held a prefix lends it none of that (the
+    drafts see less context, the tokens are the main model's either way)."""
+    device = prompt.device
+    logits, hidden = model(prompt, state, last_only=True, chunk_size=chunk_size, on_chunk=on_chunk,
+                           return_hidden=True)
+    first = int(logits[-1].argmax())
+    d = None
+    mstate = None
+    if mtp is not None:  # pairs (h_i, token i+1) for every prompt position
+        mstate = mtp.new_state(model, capacity=state.num_tokens + take.max_new + 2)
+        nxt = torch.cat((prompt[1:], torch.tensor([first], device=device)))
+        for s in range(0, len(prompt), chunk_size):
+            draft_logits = mtp(hidden[s:s + chunk_size], nxt[s:s + chunk_size], mstate)
+        d = int(draft_logits[-1].argmax())
+    steps = drafted = accepted = 0
+    if take(first):
+        return steps, drafted, accepted
+    last = first
+    while True:
+        if draft is not None:
+            d = draft(list(out))
+        n = state.num_tokens  # position of `last`
+        logits, hidden = model(torch.tensor([last, d], device=device), state, return_hidden=True)
+        steps += 1
+        drafted += 1
+        g1, g2 = int(logits[0].argmax()), int(logits[1].argmax())
+        if g1 == d:  # the draft is the main model's own next token: keep it and the one after
+            accepted += 1
+            if take(d) or take(g2):
+                return steps, drafted, accepted
+            last = g2
+            if mtp is not None:
+                d = int(mtp(hidden, torch.tensor([d, g2], device=device), mstate)[-1].argmax())
+        else:
+            state.truncate(n + 1)  # drop the rejected draft's KV
+            if take(g1):
+                return steps, drafted, accepted
+            last = g1
+            if mtp is not None:
+                d = int(mtp(hidden[:1], torch.tensor([g1], device=device), mstate)[-1].argmax())
 
 
 def speculative_generate(model: GlmModel, prompt: Sequence[int], max_new_tokens: int, *,
                          mtp: MTPLayer | None = None, stop_ids: Sequence[int] = (),
                          draft: Callable[[list[int]], int] | None = None) -> SpeculativeResult:
-    """Greedy decoding with MTP drafts verified by the main model (see the module docstring).
+    """Greedy decoding with MTP drafts verified by the main model, on a fresh state (see the
+    module docstring); `Engine.generate` runs the same loop on its own state.
 
     draft(tokens so far) -> a draft token replaces the MTP layer (tests use it to force
     accepted and rejected drafts)."""
     if mtp is None and draft is None:
         mtp = MTPLayer.from_model(model)
     device = model.embed_tokens.weight.device
-    stops = set(stop_ids)
     state = model.new_state(len(prompt) + max_new_tokens + 2, device=device)
-    mstate = mtp.new_state(model) if mtp is not None else None
-    ids = torch.tensor(list(prompt), device=device)
-    logits, hidden = model(ids, state, return_hidden=True)
-    out = [int(logits[-1].argmax())]
+    take = _Take(max_new_tokens, set(stop_ids))
     t0 = time.perf_counter()
-    d = None
-    if mtp is not None:  # pairs (h_i, token i+1) for every prompt position
-        nxt = torch.cat((ids[1:], torch.tensor(out, device=device)))
-        d = int(mtp(hidden, nxt, mstate)[-1].argmax())
-    steps = drafted = accepted = 0
-    reason = "length"
-    while True:
-        if out[-1] in stops:
-            out.pop()
-            reason = "stop"
-            break
-        if len(out) >= max_new_tokens:
-            break
-        if draft is not None:
-            d = draft(list(out))
-        n = state.num_tokens  # position of out[-1]
-        logits, hidden = model(torch.tensor([out[-1], d], device=device), state, return_hidden=True)
-        steps += 1
-        drafted += 1
-        g1, g2 = int(logits[0].argmax()), int(logits[1].argmax())
-        if g1 == d and g1 not in stops:
-            accepted += 1
-            out += [d, g2]
-            if mtp is not None:
-                d = int(mtp(hidden, torch.tensor([d, g2], device=device), mstate)[-1].argmax())
-        else:
-            state.truncate(n + 1)
-            out.append(g1)
-            if mtp is not None:
-                d = int(mtp(hidden[:1], torch.tensor([g1], device=device), mstate)[-1].argmax())
-    out = out[:max_new_tokens]  # an accepted pair may overshoot by one
-    return SpeculativeResult(out, steps, drafted, accepted, reason, time.perf_counter() - t0)
+    steps, drafted, accepted = speculative_decode(model, state, torch.tensor(list(prompt), device=device), take,
+                                                  mtp=mtp, out=take.out, draft=draft)
+    return SpeculativeResult(take.out, steps, drafted, accepted, take.reason, time.perf_counter() - t0)
