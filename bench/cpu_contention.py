@@ -9,8 +9,12 @@ the machine with k busy processes per core is 1/(k+1) of it, so the fair slowdow
 - `ours`: engine defaults (generate.default_threads: one thread per core not busy, counted
   when the engine loads; OpenMP threads wait passively, engine/__init__.py);
 - `ours-before`: what ours did before issue 17: one thread per core, OpenMP's default wait;
-- `hf`: transformers with torch's default (one thread per core);
-- `llamacpp`: llama-bench with -t cores (build it as bench/llamacpp.py says).
+- `hf`: transformers with torch's default (one thread per core, OpenMP's default wait);
+- `llamacpp`: llama-bench with -t cores and OpenMP's default wait, as llama.cpp runs when
+  started by hand (build it with `.venv/bin/python bench/llamacpp.py --build /tmp/llamacpp-build`).
+
+The measured child imports docqa.engine, which sets OMP_WAIT_POLICY=PASSIVE for our engine;
+every engine but `ours` gets it empty instead, so HF and llama.cpp are not run with our fix.
 
     .venv/bin/python bench/cpu_contention.py --llama-bench PATH [--busy 0 1 2] \
         [--decode-tokens 32] [--depth 128] [--out bench/results/cpu_contention.md]
@@ -62,12 +66,16 @@ def child(engine: str, decode: int, depth: int, llama_bench: str | None) -> dict
 
 def measure(engine: str, busy_per_core: int, args) -> dict:
     env = dict(os.environ)
-    if engine == "ours-before":
-        # Empty (not unset): engine/__init__ leaves a set value alone, and libgomp ignores an
-        # empty one, so OpenMP's default wait applies, as before.
-        env.update(DOCQA_THREADS=str(cores()), OMP_WAIT_POLICY="")
+    env.pop("DOCQA_THREADS", None)
+    if engine != "ours":
+        # Empty (not unset): engine/__init__ leaves a set value alone, and libgomp, after one
+        # "Invalid value" line on stderr, applies its default wait (spin a while, then sleep);
+        # llama-bench inherits it too.
+        env["OMP_WAIT_POLICY"] = ""
     else:
-        env.pop("DOCQA_THREADS", None)
+        env.pop("OMP_WAIT_POLICY", None)
+    if engine == "ours-before":
+        env["DOCQA_THREADS"] = str(cores())
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(busy_per_core * cores())]
     try:
