@@ -11,7 +11,9 @@ the machine with k busy processes per core is 1/(k+1) of it, so the fair slowdow
 - `ours-before`: what ours did before issue 17: one thread per core, OpenMP's default wait;
 - `hf`: transformers with torch's default (one thread per core, OpenMP's default wait);
 - `llamacpp`: llama-bench with -t cores and OpenMP's default wait, as llama.cpp runs when
-  started by hand (build it with `.venv/bin/python bench/llamacpp.py --build /tmp/llamacpp-build`).
+  started by hand (build it with `.venv/bin/python bench/llamacpp.py --build /tmp/llamacpp-build`);
+- `llamacpp-1t`: the same with -t 1, the thread count ours picks on a busy machine (not run
+  unless named in --engines).
 
 The measured child imports docqa.engine, which sets OMP_WAIT_POLICY=PASSIVE for our engine;
 every engine but `ours` gets it empty instead, so HF and llama.cpp are not run with our fix.
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ENGINES = ("ours", "ours-before", "hf", "llamacpp")
+ENGINES = ("ours", "ours-before", "hf", "llamacpp", "llamacpp-1t")
 
 
 def cores() -> int:
@@ -53,10 +55,11 @@ def child(engine: str, decode: int, depth: int, llama_bench: str | None) -> dict
     from docqa.engine.tokenizer import Tokenizer
 
     path = default_model_path()
-    if engine == "llamacpp":
+    if engine.startswith("llamacpp"):
         from llamacpp import llama_cpp
 
-        return llama_cpp(llama_bench, str(path), cores(), [depth], decode, depth) | {"threads": cores()}
+        threads = 1 if engine == "llamacpp-1t" else cores()
+        return llama_cpp(llama_bench, str(path), threads, [depth], decode, depth) | {"threads": threads}
     ids = bench_prompt(Tokenizer.from_gguf_metadata(open_checkpoint(path).metadata), depth + decode + 1)
     if engine == "hf":
         return run_hf(path, cores(), [depth], decode, ids) | {"threads": cores()}
@@ -97,7 +100,7 @@ def measure(engine: str, busy_per_core: int, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES[:4]), choices=ENGINES)
     ap.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2], help="busy processes per core")
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--depth", type=int, default=128)
@@ -110,7 +113,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.decode_tokens, args.depth, args.llama_bench)))
         return
 
-    engines = [e for e in args.engines if e != "llamacpp" or args.llama_bench]
+    engines = [e for e in args.engines if not e.startswith("llamacpp") or args.llama_bench]
     load_before = os.getloadavg()
     print(f"load average before: {load_before}", file=sys.stderr)
     results: dict[str, dict[int, dict]] = {}
