@@ -9,8 +9,14 @@ the machine with k busy processes per core is 1/(k+1) of it, so the fair slowdow
 - `ours`: engine defaults (generate.default_threads: one thread per core not busy, counted
   when the engine loads; OpenMP threads wait passively, engine/__init__.py);
 - `ours-before`: what ours did before issue 17: one thread per core, OpenMP's default wait;
-- `hf`: transformers with torch's default (one thread per core);
-- `llamacpp`: llama-bench with -t cores (build it as bench/llamacpp.py says).
+- `hf`: transformers with torch's default (one thread per core, OpenMP's default wait);
+- `llamacpp`: llama-bench with -t cores and OpenMP's default wait, as llama.cpp runs when
+  started by hand (build it with `.venv/bin/python bench/llamacpp.py --build /tmp/llamacpp-build`);
+- `llamacpp-1t`: the same with -t 1, the thread count ours picks on a busy machine (not run
+  unless named in --engines).
+
+The measured child imports docqa.engine, which sets OMP_WAIT_POLICY=PASSIVE for our engine;
+every engine but `ours` gets it empty instead, so HF and llama.cpp are not run with our fix.
 
     .venv/bin/python bench/cpu_contention.py --llama-bench PATH [--busy 0 1 2] \
         [--decode-tokens 32] [--depth 128] [--out bench/results/cpu_contention.md]
@@ -31,7 +37,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ENGINES = ("ours", "ours-before", "hf", "llamacpp")
+ENGINES = ("ours", "ours-before", "hf", "llamacpp", "llamacpp-1t")
 
 
 def cores() -> int:
@@ -49,10 +55,11 @@ def child(engine: str, decode: int, depth: int, llama_bench: str | None) -> dict
     from docqa.engine.tokenizer import Tokenizer
 
     path = default_model_path()
-    if engine == "llamacpp":
+    if engine.startswith("llamacpp"):
         from llamacpp import llama_cpp
 
-        return llama_cpp(llama_bench, str(path), cores(), [depth], decode, depth) | {"threads": cores()}
+        threads = 1 if engine == "llamacpp-1t" else cores()
+        return llama_cpp(llama_bench, str(path), threads, [depth], decode, depth) | {"threads": threads}
     ids = bench_prompt(Tokenizer.from_gguf_metadata(open_checkpoint(path).metadata), depth + decode + 1)
     if engine == "hf":
         return run_hf(path, cores(), [depth], decode, ids) | {"threads": cores()}
@@ -62,12 +69,16 @@ def child(engine: str, decode: int, depth: int, llama_bench: str | None) -> dict
 
 def measure(engine: str, busy_per_core: int, args) -> dict:
     env = dict(os.environ)
-    if engine == "ours-before":
-        # Empty (not unset): engine/__init__ leaves a set value alone, and libgomp ignores an
-        # empty one, so OpenMP's default wait applies, as before.
-        env.update(DOCQA_THREADS=str(cores()), OMP_WAIT_POLICY="")
+    env.pop("DOCQA_THREADS", None)
+    if engine != "ours":
+        # Empty (not unset): engine/__init__ leaves a set value alone, and libgomp, after one
+        # "Invalid value" line on stderr, applies its default wait (spin a while, then sleep);
+        # llama-bench inherits it too.
+        env["OMP_WAIT_POLICY"] = ""
     else:
-        env.pop("DOCQA_THREADS", None)
+        env.pop("OMP_WAIT_POLICY", None)
+    if engine == "ours-before":
+        env["DOCQA_THREADS"] = str(cores())
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(busy_per_core * cores())]
     try:
@@ -89,7 +100,7 @@ def measure(engine: str, busy_per_core: int, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES[:4]), choices=ENGINES)
     ap.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2], help="busy processes per core")
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--depth", type=int, default=128)
@@ -102,7 +113,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.decode_tokens, args.depth, args.llama_bench)))
         return
 
-    engines = [e for e in args.engines if e != "llamacpp" or args.llama_bench]
+    engines = [e for e in args.engines if not e.startswith("llamacpp") or args.llama_bench]
     load_before = os.getloadavg()
     print(f"load average before: {load_before}", file=sys.stderr)
     results: dict[str, dict[int, dict]] = {}
