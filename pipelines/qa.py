@@ -85,8 +85,34 @@ def evidence_passages(passages: list[Passage], k: int) -> list[Passage]:
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 
 
+# A free-text answer (a model server's, or a model that did not mark its quotes) often copies
+# the clause it relies on into a sentence of its own words: a run of this many words copied
+# verbatim from an excerpt the model read is cited as a quote from it.
+MIN_COPIED_WORDS = 6
+
+
+def _copied_span(sentence: str, passage_text: str) -> str | None:
+    """The longest run of the sentence's words that the passage has verbatim (after
+    normalisation), if it is at least MIN_COPIED_WORDS words and a citable length."""
+    from difflib import SequenceMatcher
+
+    words = sentence.split()
+    if len(words) < MIN_COPIED_WORDS:
+        return None
+    key = [normalize(w) for w in words]
+    other = [normalize(w) for w in passage_text.split()]
+    m = SequenceMatcher(None, key, other, autojunk=False).find_longest_match(0, len(key), 0, len(other))
+    if m.size < MIN_COPIED_WORDS:
+        return None
+    # the run's ends may carry the sentence's own punctuation ("(5) years," vs "years."): trimmed
+    span = " ".join(words[m.a:m.a + m.size]).strip('"“”.,;:!? ')
+    return span if len(span) >= 25 else None
+
+
 def _mechanical_citations(answer: str, docs: Mapping[str, Document], passages: list[Passage]) -> list[Citation]:
-    """Citations for answer sentences that appear verbatim in an excerpt the model read."""
+    """Citations for what an answer copied from an excerpt the model read without marking it:
+    a whole sentence found verbatim, else the longest verbatim run of its words (at least
+    MIN_COPIED_WORDS), each located on its page and lines."""
     out = []
     cited = {m.start() for m in re.finditer(r"\[[^\]]*LINE", answer)}
     for m in _SENTENCE.finditer(re.sub(r"\[[^\]]*\]", " ", answer) if cited else answer):
@@ -94,13 +120,16 @@ def _mechanical_citations(answer: str, docs: Mapping[str, Document], passages: l
         if len(sent) < 25:
             continue
         ns = normalize(sent)
-        for p in passages:
-            if ns in normalize(p.text):
-                doc = docs[p.doc_id]
-                hit = find_quote(doc, sent, p.char_start, p.char_end)
-                if hit:
-                    c = relocate(doc, hit, quote=sent)
-                    out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
+        whole = next((p for p in passages if ns in normalize(p.text)), None)
+        candidates = [(whole, sent)] if whole else [(p, _copied_span(sent, p.text)) for p in passages]
+        for p, quote in candidates:
+            if not quote:
+                continue
+            doc = docs[p.doc_id]
+            hit = find_quote(doc, quote, p.char_start, p.char_end)
+            if hit:
+                c = relocate(doc, hit, quote=quote)
+                out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
                 break
     return out
 

@@ -4,6 +4,7 @@ from docqa.pipelines.context import build_context
 from docqa.pipelines.document import RawLine, RawPage, assemble
 from docqa.pipelines.passages import make_passages
 from docqa.pipelines.qa import answer_question, on_subject, subject_words
+from docqa.pipelines.textnorm import normalize
 
 PAGES = [
     ["SERVICES AGREEMENT", "", "1. Term. This Agreement begins on the Effective Date and", "continues for five (5) years."],
@@ -60,6 +61,20 @@ def test_uncited_verbatim_sentence_gets_a_mechanical_citation():
     assert ans.status == "answered"
     (c,) = [c for c in ans.citations if c.verified]
     assert (c.page, c.line_start, c.line_end) == (2, 2, 3)
+
+
+def test_free_text_that_copies_a_clause_cites_the_copied_words():
+    """A model server's answer in its own words around a clause copied verbatim (no quotation
+    marks, no label): the copied run is cited where it stands; a few shared words are not."""
+    gen = scripted("Yes: under the agreement either party may terminate this Agreement for convenience upon "
+                   "ninety (90) days' notice, in writing.")
+    ans = answer_question("Can it be terminated for convenience?", DOCS, PASSAGES, gen)
+    assert ans.status == "answered"
+    (c,) = [c for c in ans.citations if c.verified]
+    assert (c.page, c.line_start) == (2, 2) and normalize("terminate this Agreement for convenience") in normalize(c.quote)
+    loose = answer_question("Can it be terminated for convenience?", DOCS, PASSAGES,
+                            scripted("The parties may end the agreement for convenience, it seems to me."))
+    assert not any(c.verified for c in loose.citations) and loose.status == "unsupported"
 
 
 def test_not_found_and_evidence_only():
