@@ -106,6 +106,11 @@ def sync():
     torch.cuda.synchronize()
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def ask_path(engine, prompt_tokens: int = 4096, decode_tokens: int = 64) -> dict:
     """The default `ask` path: a ~4K-token prompt through the dense state, greedy decode."""
     from docqa.engine.generate import bench_prompt
@@ -163,32 +168,44 @@ def sdpa_baseline(engine, n: int, steps: int = 20) -> dict:
 
 @torch.inference_mode()
 def hf_reference(path: Path, contexts, decode_steps: int = 8) -> dict:
-    """What a user of HF transformers gets on the same checkpoint: prefill of n tokens in one
-    forward (last position's logits only), then greedy decode steps with its dynamic cache."""
+    """What a user of HF transformers gets on the same checkpoint (`hf_measure`)."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda",
                                                               attn_implementation="sdpa").eval()
+    out = hf_measure(model, contexts, torch.device("cuda"), decode_steps)
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+@torch.inference_mode()
+def hf_measure(model, contexts, device: torch.device, decode_steps: int = 8) -> dict:
+    """HF transformers on the same weights: prefill of n tokens in one forward (last position's
+    logits), then greedy decode steps with its cache (median ms/step after the first)."""
+    import transformers
+
     out = {"version": transformers.__version__}
-    g = torch.Generator(device="cuda").manual_seed(0)
+    vocab = model.config.vocab_size
+    g = torch.Generator(device=device).manual_seed(0)
     for n in contexts:
         past = None
         try:
-            ids = torch.randint(0, model.config.vocab_size, (1, n), device="cuda", generator=g)
+            ids = torch.randint(0, vocab, (1, n), device=device, generator=g)
             model(input_ids=ids[:, :1024], logits_to_keep=1)
-            sync()
-            t0 = time.time()
+            _sync(device)
+            t0 = time.perf_counter()
             res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            sync()
-            prefill = time.time() - t0
+            _sync(device)
+            prefill = time.perf_counter() - t0
             past, tok = res.past_key_values, res.logits[:, -1:].argmax(-1)
             steps = []
             for _ in range(decode_steps):
-                t1 = time.time()
+                t1 = time.perf_counter()
                 res = model(input_ids=tok, past_key_values=past, use_cache=True, logits_to_keep=1)
                 tok = res.logits[:, -1:].argmax(-1)
-                sync()
-                steps.append((time.time() - t1) * 1e3)
+                _sync(device)
+                steps.append((time.perf_counter() - t1) * 1e3)
             out[str(n)] = {"prefill_s": prefill, "decode_ms": statistics.median(steps[1:])}
             say(f"   HF transformers @ {n}: prefill {prefill:.2f} s, decode {out[str(n)]['decode_ms']:.1f} ms/token")
         except torch.OutOfMemoryError as e:
@@ -196,9 +213,8 @@ def hf_reference(path: Path, contexts, decode_steps: int = 8) -> dict:
             say(f"   HF transformers @ {n}: out of memory ({str(e)[:60]})")
         finally:
             del past
-            torch.cuda.empty_cache()
-    del model
-    torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     return out
 
 

@@ -47,7 +47,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu import FAILED, RESULTS, say, stage  # noqa: E402  (stage bookkeeping shared with bench/gpu.py)
+from gpu import FAILED, RESULTS, hf_measure, say, stage  # noqa: E402  (shared with bench/gpu.py)
 
 FLASH = dict(hidden_size=2048, intermediate_size=10240, moe_intermediate_size=1536, num_hidden_layers=47,
              num_attention_heads=20, num_key_value_heads=20, n_shared_experts=1, n_routed_experts=64,
@@ -213,45 +213,6 @@ def write_glm5_by_hand(shape: dict, path: Path, tokenizer_dir: Path, device: tor
     for f in tokenizer_dir.iterdir():
         shutil.copy(f, path / f.name)
     say(f"   wrote {path} by hand ({sum(f.stat().st_size for f in path.glob('*.safetensors')) / 2**30:.1f} GiB)")
-
-
-@torch.inference_mode()
-def hf_measure(model, contexts, device: torch.device, decode_steps: int = 8) -> dict:
-    """HF transformers on the same weights: prefill of n tokens in one forward (last position's
-    logits), then greedy decode steps with its cache (median ms/step after the first)."""
-    import transformers
-
-    out = {"version": transformers.__version__}
-    vocab = model.config.vocab_size
-    g = torch.Generator(device=device).manual_seed(0)
-    for n in contexts:
-        past = None
-        try:
-            ids = torch.randint(0, vocab, (1, n), device=device, generator=g)
-            model(input_ids=ids[:, :1024], logits_to_keep=1)
-            sync(device)
-            t0 = time.perf_counter()
-            res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            sync(device)
-            prefill = time.perf_counter() - t0
-            past, tok = res.past_key_values, res.logits[:, -1:].argmax(-1)
-            steps = []
-            for _ in range(decode_steps):
-                t1 = time.perf_counter()
-                res = model(input_ids=tok, past_key_values=past, use_cache=True, logits_to_keep=1)
-                tok = res.logits[:, -1:].argmax(-1)
-                sync(device)
-                steps.append((time.perf_counter() - t1) * 1e3)
-            out[str(n)] = {"prefill_s": prefill, "decode_ms": statistics.median(steps[1:])}
-            say(f"   HF transformers @ {n}: prefill {prefill:.2f} s, decode {out[str(n)]['decode_ms']:.1f} ms/token")
-        except torch.OutOfMemoryError as e:
-            out[str(n)] = {"error": "out of memory"}
-            say(f"   HF transformers @ {n}: out of memory ({str(e)[:60]})")
-        finally:
-            del past
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    return out
 
 
 def load_engine(path: Path, device: torch.device):

@@ -6,6 +6,7 @@ The reference for what the server returns is the engine itself: greedy text from
 not; and `docqa ask --model openai:…` against it must show only citations that re-check
 against the sample contract's source lines."""
 
+import contextlib
 import json
 import socket
 import threading
@@ -31,18 +32,26 @@ def engine():
     return load_engine(None)
 
 
+@contextlib.contextmanager
+def serving(engine, cache):
+    """`docqa serve`'s server for `engine` on a free 127.0.0.1 port, stopped on exit."""
+    srv = Server(ServedEngine(engine, "smollm2-test", cache), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def server(engine, tmp_path_factory):
     from docqa.engine.prefix_cache import PrefixCache
 
-    cache = PrefixCache.for_engine(engine, cache_dir=tmp_path_factory.mktemp("kv"))
-    srv = Server(ServedEngine(engine, "smollm2-test", cache), "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(timeout=10)
+    with serving(engine, PrefixCache.for_engine(engine, cache_dir=tmp_path_factory.mktemp("kv"))) as srv:
+        yield srv
 
 
 def _post(url, body, timeout=120):
@@ -175,27 +184,20 @@ def test_read_all_through_docqa_serve_prefills_only_the_question_again(engine, t
     from docqa.engine.prefix_cache import PrefixCache
 
     cache = PrefixCache.for_engine(engine, engine.sparse_settings(segment_size=256), cache_dir=tmp_path / "kv")
-    srv = Server(ServedEngine(engine, "smollm2-test", cache), "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
     clause = ("{n}. The Supplier shall deliver the Goods listed in Schedule {n} within {d} days of each "
               "purchase order, and the Customer shall pay each invoice within {p} days of receipt.\n")
     doc = tmp_path / "long.txt"
     doc.write_text("".join(clause.format(n=i, d=10 + i % 20, p=30 + i % 3 * 15) for i in range(1, 16)))
     db = tmp_path / "docqa.db"
-    try:
-        assert CliRunner().invoke(app, ["ingest", str(doc), "--db", str(db), "--json"]).exit_code == 0
-        runs = []
+    assert CliRunner().invoke(app, ["ingest", str(doc), "--db", str(db), "--json"]).exit_code == 0
+    runs = []
+    with serving(engine, cache) as srv:
         for q in ("Within how many days must invoices under Schedule 7 be paid?",
                   "Within how many days are the Goods of Schedule 12 delivered?"):
             r = CliRunner().invoke(app, ["ask", str(doc), q, "--read-all", "--db", str(db), "--json",
                                          "--max-tokens", "24", "--model", f"openai:{srv.url}#smollm2-test"])
             assert r.exit_code == 0, r.output
             runs.append(json.loads(r.stdout))
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        thread.join(timeout=10)
     # the second prompt's document came from the cache: its segments (CPU) or the live state (GPU)
     assert cache.hits_memory >= 2 or cache.hits_live == 1
     assert all(run["timings"]["first_token_s"] > 0 for run in runs)

@@ -4,14 +4,12 @@ server and keeps what it replied — the engine's own greedy text for the same m
 reference — and only statements whose quotes verify reach the summary."""
 
 import socket
-import threading
 
 import pytest
 from typer.testing import CliRunner
 
 from docqa.app.ask import load_engine
 from docqa.app.cli import app
-from docqa.app.serve import ServedEngine, Server
 from docqa.app.store import Store
 from docqa.app.summarize import SummarizeSettings, _extractions, settings_key, summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
@@ -19,6 +17,8 @@ from docqa.pipelines.citations import parse_citations
 from docqa.pipelines.ingest import ingest_file
 from docqa.pipelines.summarize import LENGTHS, candidates, map_messages
 from docqa.pipelines.textnorm import normalize
+
+from test_serve import serving
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,8 @@ def engine():
 def server(engine, tmp_path_factory):
     from docqa.engine.prefix_cache import PrefixCache
 
-    cache = PrefixCache.for_engine(engine, cache_dir=tmp_path_factory.mktemp("kv"))
-    srv = Server(ServedEngine(engine, "smollm2-test", cache), "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(timeout=10)
+    with serving(engine, PrefixCache.for_engine(engine, cache_dir=tmp_path_factory.mktemp("kv"))) as srv:
+        yield srv
 
 
 @pytest.fixture
