@@ -7,7 +7,7 @@ shortest prefill length (llama-bench's -d), greedy. Each engine runs in its own 
 its peak RSS is its own. Example:
 
     DOCQA_THREADS=1 .venv/bin/python bench/cpu_engine.py --threads 1 --lengths 512 2048 8192 \
-        --llama-bench /tmp/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench
+        --llama-bench /tmp/llamacpp-build/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench
 
 Engines: `ours` (decode weights "auto"), `ours:MODE` for another decode_weights mode (e.g.
 `ours:fp32`), `hf`, `llamacpp`.
