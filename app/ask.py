@@ -103,12 +103,13 @@ class Library:
 _ENGINES: dict[tuple[str | None, str | None], object] = {}
 
 
-def load_engine(model: str | None, device: str | None = None):
-    """The engine for a checkpoint on a device, loaded once per process."""
+def load_engine(model: str | None, device: str | None = None, prefetch=None):
+    """The engine for a checkpoint on a device, loaded once per process. `prefetch`: see
+    `Engine.load` (a document whose cached KV to read while the weights load)."""
     from ..engine.generate import Engine
 
     if (model, device) not in _ENGINES:
-        _ENGINES[model, device] = Engine.load(model, device=device)
+        _ENGINES[model, device] = Engine.load(model, device=device, prefetch=prefetch)
     return _ENGINES[model, device]
 
 
@@ -200,14 +201,15 @@ class Model:
 
 
 def open_model(settings: AskSettings, on_token: Callable[[str], None] | None = None,
-               on_progress: Progress | None = None) -> Model:
-    """The embedded engine or a model server, as `settings.model` (or `DOCQA_MODEL`) names it."""
+               on_progress: Progress | None = None, prefetch=None) -> Model:
+    """The embedded engine or a model server, as `settings.model` (or `DOCQA_MODEL`) names it.
+    `prefetch`: see `Engine.load`."""
     spec = resolve_model(settings.model)
     if is_remote(spec):
         check_thinking(settings)
         remote = RemoteModel.parse(spec).resolved()
         return Model(remote.name, remote_generate(remote, settings, on_token), can_quote=False, server=remote)
-    engine = load_engine(spec, settings.device)
+    engine = load_engine(spec, settings.device, prefetch)
     return Model(str(engine.checkpoint.path), engine_generate(engine, settings, on_token, on_progress),
                  lambda text: len(engine.tokenizer.encode(text, add_bos=False)), engine)
 
@@ -222,9 +224,6 @@ def remote_generate(remote: RemoteModel, settings: AskSettings, on_token: Callab
                            on_token=on_token)
 
     return generate
-
-
-_SLOT = "\u0000QUESTION\u0000"
 
 
 def read_all_messages(doc: Document, question: str) -> list[dict[str, str]]:
@@ -253,25 +252,41 @@ def read_all_remote(remote: RemoteModel, doc: Document, question: str, settings:
     return text, {"generate_s": time.perf_counter() - t0, **({"first_token_s": first[0]} if first else {})}
 
 
+def read_all_prompt(tok, doc: Document, question: str, settings: AskSettings) -> tuple[list[int], list[int], int]:
+    """`--read-all`'s prompt split where the question goes: the per-document prefix (system
+    prompt + document) the prefix cache keeps, the rest, and how many tokens may be generated."""
+    from ..engine.chat import SLOT, prompt_around_slot, think_ids
+
+    prefix_ids, tail = prompt_around_slot(tok, read_all_messages(doc, SLOT), enable_thinking=settings.thinking,
+                                          reasoning_effort=settings.reasoning_effort)
+    thinks = think_ids(tok) is not None and settings.thinking is not False
+    return prefix_ids, tok.encode(question + tail, add_bos=False), settings.max_tokens + (THINK_TOKENS if thinks else 0)
+
+
+def read_all_prefetch(doc: Document, question: str, settings: AskSettings):
+    """For `Engine.load(prefetch=)`: the document's cached KV is read while the weights load."""
+    from ..engine.generate import Engine
+
+    def document(tok):
+        prefix_ids, rest_ids, max_new = read_all_prompt(tok, doc, question, settings)
+        return doc.content_sha256, prefix_ids, Engine.document_capacity(len(prefix_ids), len(rest_ids), max_new)
+
+    return document
+
+
 def read_all_answer(engine, doc: Document, question: str, settings: AskSettings,
                     on_token: Callable[[str], None] | None, on_progress: Progress | None = None) -> tuple[str, dict]:
     """Generate over the whole document with the sparse engine, reusing the document's
     cached KV: the prompt is split where the question goes, the part before it (system
     prompt + document) is the per-document prefix, and only the rest is prefilled when the
     document was read before — by this process or, through the disk tier, by another."""
-    from ..engine.chat import ThinkingTracker, render_chat, template_of, think_ids
+    from ..engine.chat import ThinkingTracker
 
     tok = engine.tokenizer
-    text = render_chat(template_of(tok), read_all_messages(doc, _SLOT), bos_token=tok.token_text(tok.bos_id),
-                       eos_token=tok.token_text(tok.eos_id), enable_thinking=settings.thinking,
-                       reasoning_effort=settings.reasoning_effort)
-    head, tail = text.split(_SLOT)
-    prefix_ids = tok.encode(head, add_bos=False)
-    rest_ids = tok.encode(question + tail, add_bos=False)
-    thinks = think_ids(tok) is not None and settings.thinking is not False
+    prefix_ids, rest_ids, max_new = read_all_prompt(tok, doc, question, settings)
     thinking = ThinkingTracker(tok, prefix_ids + rest_ids)
     result, timings = engine.generate_on_document(
-        doc.content_sha256, prefix_ids, rest_ids, settings.max_tokens + (THINK_TOKENS if thinks else 0),
+        doc.content_sha256, prefix_ids, rest_ids, max_new,
         temperature=settings.temperature,
         on_token=(lambda t, delta: None if thinking(t) else on_token(delta)) if on_token else None,
         on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None)
@@ -314,7 +329,9 @@ def ask(
     if not settings.evidence_only:
         if on_progress:
             on_progress("loading model", 0, 0)
-        model = open_model(settings, on_token, on_progress)
+        read_one = settings.read_all and len(docs) == 1
+        model = open_model(settings, on_token, on_progress,
+                           prefetch=read_all_prefetch(*docs.values(), question, settings) if read_one else None)
     generate = model.generate if model else None
     model_name = model.name if model else None
     t2 = time.perf_counter()

@@ -299,6 +299,16 @@ def e2e(ckpt: Path, target_tokens: int, work: Path) -> dict:
     return out
 
 
+def summarize_speed(ckpt: Path, pdf: Path) -> dict:
+    """`docqa summarize --length detailed` on the contract with this checkpoint on the GPU, as
+    bench/summarize_eval.py --speed times it on the CPU (issue 19's wall time and segments/s)."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "summarize_eval.py"), "--speed", "--model", str(ckpt),
+                        "--device", "cuda", "--speed-doc", str(pdf)], capture_output=True, text=True, timeout=420)
+    if r.returncode:
+        raise RuntimeError(f"summarize_eval failed ({r.returncode}): {r.stderr[-600:]}")
+    return json.loads(r.stdout)
+
+
 def served_read_all(cli, env, doc: Path) -> dict:
     """The same two `--read-all` questions through `docqa serve` (one process keeps the engine
     and the document's live KV; each `ask` is a new client process)."""
@@ -340,6 +350,9 @@ def main():
     ap.add_argument("--hf", action="store_true", help="HF transformers and dense SDPA on the same checkpoint")
     ap.add_argument("--e2e", action="store_true", help="ingest, ask --read-all twice, then ask, on a ~128K-token document")
     ap.add_argument("--e2e-tokens", type=int, default=128000)
+    ap.add_argument("--summarize", type=Path, default=None, metavar="PDF",
+                    help="time `docqa summarize` on this ~100-page contract with the first checkpoint "
+                         "(bench/summarize_eval.py --speed)")
     ap.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"))
     ap.add_argument("--work", default=None, help="where checkpoints go (default: a temp dir)")
     ap.add_argument("--json")
@@ -391,6 +404,9 @@ def main():
         else:
             del engine
             torch.cuda.empty_cache()
+        if a.summarize and k == 0:
+            r["summarize"] = stage(f"{arch}: docqa summarize {a.summarize.name}", summarize_speed, ckpt, a.summarize)
+            say(f"   {r['summarize']}")
         if a.hf:
             r["hf"] = stage(f"{arch}: HF transformers", hf_reference, ckpt, [c for c in contexts if c <= 131072])
         shutil.rmtree(ckpt, ignore_errors=True)

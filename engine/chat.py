@@ -106,6 +106,21 @@ def render_chat(template: str | None, messages: list[dict[str, str]], *,
         raise CheckpointError(f"the model's chat template failed: {e}") from None
 
 
+SLOT = "\u0000SLOT\u0000"  # a marker no document or question contains (NUL)
+
+
+def prompt_around_slot(tokenizer, messages: list[dict[str, str]], *, enable_thinking: bool | None = None,
+                       reasoning_effort: str | None = None) -> tuple[list[int], str]:
+    """The chat prompt of `messages` (one of which holds SLOT) cut at SLOT: the token ids before
+    it and the text after it. What comes before is the same whatever goes in the slot — a
+    document's prompt before its question — which is what prefix caches reuse."""
+    text = render_chat(template_of(tokenizer), messages, bos_token=tokenizer.token_text(tokenizer.bos_id),
+                       eos_token=tokenizer.token_text(tokenizer.eos_id), enable_thinking=enable_thinking,
+                       reasoning_effort=reasoning_effort)
+    head, tail = text.split(SLOT)
+    return tokenizer.encode(head, add_bos=False), tail
+
+
 def split_thinking(ids: list[int], tokenizer) -> tuple[str, str]:
     """(thinking text, answer text) of generated token ids.
 

@@ -4,6 +4,7 @@ float tensors, and the metadata the tokenizer and chat template need."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,18 @@ class Checkpoint:
         if self.format == "gguf":
             return {n: t.to(device, dtype) for n, t in _gguf_tensors(self._gguf, self.config).items()}
         return _hf_tensors(self.path, dtype, torch.device(device))
+
+    def parameter_count(self) -> int:
+        """How many weights the checkpoint holds, from its headers (no tensor is read)."""
+        if self.format == "gguf":
+            return sum(math.prod(t.shape) for t in self._gguf.tensors.values())
+        from safetensors import safe_open
+
+        total = 0
+        for f in sorted(self.path.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as sf:
+                total += sum(math.prod(sf.get_slice(name).get_shape()) for name in sf.keys())
+        return total
 
     def q4_blocks(self) -> dict:
         """The GGUF Q4_0/Q4_1 matrices as stored: HF name -> (raw blocks [rows, bytes] uint8 with

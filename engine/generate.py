@@ -131,14 +131,19 @@ class Engine:
     @classmethod
     def load(cls, path: str | Path | None = None, *, dtype: torch.dtype | None = None,
              threads: int | None = None, device: str | None = None,
-             decode_weights: str = "auto", kernels: str = "auto") -> Engine:
+             decode_weights: str = "auto", kernels: str = "auto",
+             prefetch: Callable[[Tokenizer], tuple[str, Sequence[int], int] | None] | None = None) -> Engine:
         """Load a GGUF file or HF directory; None means `DOCQA_MODEL`, else the default model.
         device: "cpu", "cuda[:n]" or "auto" (None: `DOCQA_DEVICE`, else auto = CUDA when present).
         dtype: None = bfloat16 on CUDA, float32 on the CPU (faster there, and the reference).
         decode_weights: "auto", "q4", "bf16" or "fp32": decode-only weight copies on CPU (see
         engine/decode_weights.py); "auto" keeps a Q4_0/Q4_1 GGUF's matrices 4-bit for decode.
         kernels: "auto" (Triton on CUDA, PyTorch on the CPU), or "triton" on CPU tensors under
-        TRITON_INTERPRET=1 (how the tests check the CUDA path without a GPU)."""
+        TRITON_INTERPRET=1 (how the tests check the CUDA path without a GPU).
+        prefetch: given the tokenizer, the (document key, prefix ids, capacity) of the document
+        a `generate_on_document` will come for (`ask --read-all`), or None. On the Triton
+        decoder the prefix cache reads that document's cached KV into a new state while the
+        weights load, so a new process pays for the read only where it outlasts the loading."""
         from .checkpoint import open_checkpoint
         from .decode_weights import resolve_mode
         from .default_model import resolve_model_path
@@ -162,8 +167,12 @@ class Engine:
             from .gpu.model import CudaDecoder, CudaWeights
 
             dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
+            tokenizer = _tokenizer_of(ckpt)
+            document = prefetch(tokenizer) if prefetch else None
+            cache = _prefetching_cache(ckpt, dtype, where, document) if document else None
             model = CudaDecoder(ckpt.config, CudaWeights(ckpt.config, ckpt.tensors(dtype, where)))
-            engine = cls(model, _tokenizer_of(ckpt), ckpt, where)
+            engine = cls(model, tokenizer, ckpt, where)
+            engine._prefix_cache = cache
             if where.type == "cuda":
                 engine.warm_up()
             return engine
@@ -189,11 +198,12 @@ class Engine:
         """The sparse (read-the-whole-document) settings this engine runs: on the Triton decoder
         keys are stored rotated at their true positions in the weights' dtype, and prefill runs
         in 4096-token chunks (the kernels' measured best on the H200)."""
-        if self.triton:
-            kv = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(self.dtype, "float32")
-            base = dict(positions="true", kv_dtype=kv, chunk_size=4096)
-            return EngineSettings(**{**base, **overrides})
-        return EngineSettings(**overrides)
+        return _sparse_settings(self.dtype, **overrides) if self.triton else EngineSettings(**overrides)
+
+    @staticmethod
+    def document_capacity(prefix_tokens: int, rest_tokens: int, max_new_tokens: int) -> int:
+        """The tokens a `generate_on_document` state holds in all."""
+        return prefix_tokens + rest_tokens + max_new_tokens + GREEDY_SYNC_EVERY
 
     def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None) -> KVState:
         """A KV state for this engine's model: dense (exact attention over everything) when
@@ -401,7 +411,7 @@ class Engine:
         timings (tokens cached and prefilled, seconds of each step)."""
         cache = self.prefix_cache
         t0 = time.perf_counter()
-        need = len(prefix_ids) + len(rest_ids) + max_new_tokens + GREEDY_SYNC_EVERY
+        need = self.document_capacity(len(prefix_ids), len(rest_ids), max_new_tokens)
         state, cached = cache.get_state(doc_key, prefix_ids, capacity=need)
         t_cache = time.perf_counter()
         doc_part = len(prefix_ids) - cached
@@ -497,6 +507,34 @@ class Engine:
                 g.pos.sub_(1)
                 g.tok.fill_(token)
                 g.step()
+
+
+def _sparse_settings(dtype: torch.dtype, **overrides) -> EngineSettings:
+    kv = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
+    base = dict(positions="true", kv_dtype=kv, chunk_size=4096)
+    return EngineSettings(**{**base, **overrides})
+
+
+def _prefetching_cache(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, document):
+    """The prefix cache of a Triton-decoder engine still loading, with `document`'s cached KV
+    being read into a new state meanwhile (`PrefixCache.prefetch`). That state may take only
+    the GPU memory the weights will leave: the state factory's own estimate would count the
+    memory they are about to fill as free."""
+    from .gpu.state import RESERVE_BYTES, new_cuda_state
+    from .prefix_cache import PrefixCache
+
+    settings = _sparse_settings(dtype)
+    budget = None
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        # the weights, and a tenth more for what the decoder builds from them (fused QKV)
+        budget = max(0, free - RESERVE_BYTES - int(1.1 * ckpt.parameter_count() * dtype.itemsize))
+    cache = PrefixCache.for_checkpoint(ckpt, settings, lambda cap: new_cuda_state(ckpt.config, settings, cap, device),
+                                       triton=True, device=device)
+    doc_key, prefix_ids, capacity = document
+    cache.prefetch(doc_key, prefix_ids, capacity,
+                   new_state=lambda cap: new_cuda_state(ckpt.config, settings, cap, device, gpu_kv_bytes=budget))
+    return cache
 
 
 class _Output:

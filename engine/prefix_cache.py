@@ -99,6 +99,7 @@ class PrefixCache:
         self._memory: OrderedDict[str, Segment] = OrderedDict()  # chain hash -> segment, LRU first
         self.hits_memory = self.hits_disk = self.misses = 0
         self.hits_live = 0
+        self._prefetched = None  # ((doc_key, prompt ids, capacity), future of `_get_state`)
         self._writer = None  # one background thread writes segment files (`flush` waits for it)
         self._pending: list = []
         self._pinned: dict[str, torch.Tensor] = {}  # the writer's host buffers for GPU segments
@@ -116,23 +117,30 @@ class PrefixCache:
 
     @classmethod
     def for_engine(cls, engine, settings: EngineSettings | None = None, **kw) -> "PrefixCache":
-        """A cache for a loaded `Engine` (its sparse settings unless given), keyed by the sha256
-        of its checkpoint file(s)."""
+        """A cache for a loaded `Engine` (its sparse settings unless given)."""
+        settings = settings or engine.sparse_settings()
+        return cls.for_checkpoint(engine.checkpoint, settings, lambda capacity: engine.new_state(capacity, settings),
+                                  triton=engine.triton, device=engine.device, **kw)
+
+    @classmethod
+    def for_checkpoint(cls, checkpoint, settings: EngineSettings, new_state, *, triton: bool,
+                       device: torch.device, **kw) -> "PrefixCache":
+        """A cache keyed by the sha256 of a checkpoint's file(s), whose states come from
+        `new_state(capacity)`. Needs no weights: `Engine.load` makes it before reading them when
+        it is asked to read a document's cached KV meanwhile (`prefetch`)."""
         from .default_model import file_sha256
 
-        settings = settings or engine.sparse_settings()
-        path = Path(engine.checkpoint.path)
+        path = Path(checkpoint.path)
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
         model_hash = hashlib.sha256("".join(file_sha256(f) for f in files).encode()).hexdigest()
-        c = engine.config
-        layout = engine.new_state(1, settings).layout
-        kw.setdefault("keep_live", engine.triton)
-        if engine.triton:  # files are read straight into the GPU state's rows
+        c = checkpoint.config
+        kw.setdefault("keep_live", triton)
+        if triton:  # files are read straight into the GPU state's rows
             from .segment_files import SegmentReader
 
-            kw.setdefault("reader", SegmentReader(engine.device))
-        return cls(lambda capacity: engine.new_state(capacity, settings), model_hash, settings,
-                   shape=(c.n_layers, c.n_kv_heads, c.head_dim), layout=layout, **kw)
+            kw.setdefault("reader", SegmentReader(device))
+        return cls(new_state, model_hash, settings, shape=(c.n_layers, c.n_kv_heads, c.head_dim),
+                   layout=new_state(1).layout, **kw)
 
     @classmethod
     def for_config(cls, config, model_hash: str, settings: EngineSettings | None = None, rope=None,
@@ -155,6 +163,20 @@ class PrefixCache:
     def new_state(self, capacity: int = 1024):
         return self._new_state(capacity)
 
+    def prefetch(self, doc_key: str, prompt_ids: Sequence[int], capacity: int | None = None, *,
+                 new_state=None) -> None:
+        """Start `get_state(doc_key, prompt_ids, capacity)` on a background thread; the next
+        `get_state` call for the same prompt takes its state. A new process asking about a
+        document read before overlaps reading its KV files (16 GiB for 128K tokens of an 8B
+        model, ~2 s) with loading the model's weights. `new_state`: the factory of this one
+        state, when it is not the cache's (see `Engine.load`)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        key = (doc_key, tuple(prompt_ids), capacity)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="docqa-kv-prefetch")
+        self._prefetched = (key, pool.submit(self._get_state, doc_key, prompt_ids, capacity, new_state))
+        pool.shutdown(wait=False)
+
     def get_state(self, doc_key: str, prompt_ids: Sequence[int], capacity: int | None = None) -> tuple[object, int]:
         """A state holding the longest cached prefix of prompt_ids, and its length. `capacity`:
         the tokens the caller will put in the state in all (prompt and answer).
@@ -163,6 +185,16 @@ class PrefixCache:
         last prompt token is always left to prefill, since generation needs its logits. The
         live state serves any shared prefix, segment-aligned or not.
         """
+        if self._prefetched is not None:
+            (key, future), self._prefetched = self._prefetched, None
+            got = future.result()  # waits for it (its errors are the caller's)
+            if key == (doc_key, tuple(prompt_ids), capacity):
+                return got
+            del got  # another prompt: its GPU memory goes back before a new state is made
+        return self._get_state(doc_key, prompt_ids, capacity)
+
+    def _get_state(self, doc_key: str, prompt_ids: Sequence[int], capacity: int | None,
+                   new_state=None) -> tuple[object, int]:
         ns = self.namespace(doc_key)
         if self.reader is not None:
             self.reader.reset_stats()
@@ -181,7 +213,7 @@ class PrefixCache:
             state.truncate(n)
             self.hits_live += 1
             return state, n
-        state = self.new_state(capacity)
+        state = (new_state or self.new_state)(capacity)
         if segments:
             n = state.adopt(segments, reader=self.reader) if self.reader else state.adopt(segments)
             if n < len(segments):

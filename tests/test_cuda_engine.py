@@ -168,8 +168,13 @@ def test_prefix_cache_on_the_triton_state(tmp_path, caplog):
     assert t2["cached_tokens"] == 99 and eng.prefix_cache.hits_live == 1
     eng.prefix_cache.flush()  # files are written in the background on this path
     other = PrefixCache.for_engine(eng, s, cache_dir=tmp_path / "kv")  # as another process sees the disk
+    # a new process reads the files ahead (while its weights load): the read is done before
+    # the question comes, and the question's `get_state` takes that state
+    other.prefetch("doc", doc, 128)
+    other._prefetched[1].result()
+    assert other.reader.stats["bytes"] > 0 and other.hits_disk == 3
     state, cached = other.get_state("doc", doc, capacity=128)
-    assert cached == 96
+    assert cached == 96 and other.hits_disk == 3  # nothing read twice
     eng.prefill(doc[cached:], state)
     assert r2.token_ids == fresh
     assert eng.generate(q2, 4, state=state, stop_ids=()).token_ids == fresh
@@ -187,6 +192,50 @@ def test_prefix_cache_on_the_triton_state(tmp_path, caplog):
     assert sum("checksum" in r.getMessage() for r in caplog.records) == 1
     eng.prefill(doc[cached:], state)
     assert eng.generate(q2, 4, state=state, stop_ids=()).token_ids == fresh
+
+
+@triton_runs
+def test_a_prefetch_for_another_prompt_is_dropped(tmp_path):
+    """`get_state` returns a prefetched state only for the prompt it was read for."""
+    from docqa.engine.prefix_cache import PrefixCache
+
+    make_tiny_hf_dir(tmp_path / "m", "llama")
+    eng = triton_engine(tmp_path / "m")
+    s = eng.sparse_settings(window=32, block_size=16, top_k=2, sink_tokens=4, chunk_size=64, route_chunk=32,
+                            route_tail=8, segment_size=32, kv_dtype="float32")
+    cache = PrefixCache.for_engine(eng, s, cache_dir=tmp_path / "kv")
+    doc = ids_of(80, 3)
+    state = eng.new_state(128, s)
+    eng.prefill(doc, state)
+    cache.save("doc", doc, state)
+    cache.flush()
+    other = PrefixCache.for_engine(eng, s, cache_dir=tmp_path / "kv")
+    other.prefetch("doc", doc[:40], 128)  # one segment of it
+    state, cached = other.get_state("doc", doc, capacity=128)
+    assert cached == 64 and other._prefetched is None
+
+
+@cuda
+def test_engine_load_reads_a_cached_document_while_loading(tmp_path, monkeypatch):
+    """`ask --read-all` in a new process: `Engine.load(prefetch=)` reads the document's segment
+    files into a state during the weight load, and the first `generate_on_document` starts
+    from it (nothing of the document prefilled) and answers as the process that read it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    make_tiny_hf_dir(tmp_path / "m", "llama")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    from docqa.engine.checkpoint import open_checkpoint
+
+    assert open_checkpoint(tmp_path / "m").parameter_count() == hf.num_parameters()  # sizes the early state
+    doc, q = ids_of(2 * 2048 + 300, 3), ids_of(9, 4)
+    first = Engine.load(tmp_path / "m", device="cuda", dtype=torch.float32)
+    want, t1 = first.generate_on_document("doc", doc, q, 6)
+    assert t1["cached_tokens"] == 0 and t1["segments_saved"] == 2
+    first.prefix_cache.flush()
+    cap = Engine.document_capacity(len(doc), len(q), 6)
+    second = Engine.load(tmp_path / "m", device="cuda", dtype=torch.float32, prefetch=lambda tok: ("doc", doc, cap))
+    got, t2 = second.generate_on_document("doc", doc, q, 6)
+    assert t2["cached_tokens"] == 2 * 2048 and t2["cache_read_GiB"] > 0
+    assert got.token_ids == want.token_ids
 
 
 @cuda

@@ -105,6 +105,8 @@ def test_gguf_roundtrip(tmp_path, qtype):
     assert (cfg.intermediate, cfg.vocab, cfg.max_position, cfg.tie_embeddings) == (FFN, VOCAB, 256, False)
     got = ckpt.tensors()
     assert set(got) == set(weights)
+    # counted from the headers alone (how Engine.load sizes a state it fills while loading)
+    assert ckpt.parameter_count() == sum(w.size for w in weights.values())
     for name, want in expected.items():
         assert got[name].dtype == torch.float32
         np.testing.assert_array_equal(got[name].numpy(), want, err_msg=name)
