@@ -261,11 +261,13 @@ class Engine:
         self.generate(ids[:300], 2, stop_ids=())
         settings = self.sparse_settings()
         # sparse prefill: two full chunks (the first routes past the window; GEMMs and attention
-        # tiles at full size), then a short odd one at an offset, then decode (its graph belongs
-        # to this throwaway state)
-        ids = bench_prompt(self.tokenizer, 2 * settings.chunk_size + 77 + 19)
+        # tiles at full size), then a long odd one (a document's last chunk: full-size tiles,
+        # a length no multiple of 16) and a short odd one at offsets, then decode (its graph
+        # belongs to this throwaway state)
+        ids = bench_prompt(self.tokenizer, 2 * settings.chunk_size + 1537 + 77 + 19)
         state = self.new_state(len(ids) + 8, settings)
-        self.prefill(ids[:-96], state)
+        self.prefill(ids[:2 * settings.chunk_size], state)
+        self.prefill(ids[2 * settings.chunk_size:-96], state)
         self.prefill(ids[-96:-19], state)
         # a question's length: a few queries routed apart from the last route_tail (their own tiles)
         self.generate(ids[-19:], 2, state=state, stop_ids=())
