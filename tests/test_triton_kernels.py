@@ -110,7 +110,7 @@ def _qkv(t, hq, hkv, d, n, dtype, seed):
 @pytest.mark.parametrize("t,hq,hkv,d,n,bs", [(1, 4, 2, 60, 200, 16), (7, 6, 3, 32, 130, 32)])
 def test_block_scores(method, t, hq, hkv, d, n, bs):
     from docqa.kernels.attention.naive import naive_block_descriptors, naive_block_scores
-    from docqa.kernels.attention.triton_sparse import fused_block_scores
+    from docqa.kernels.attention.triton_block_scores import fused_block_scores
 
     q, k, _ = _qkv(t, hq, hkv, d, n, torch.float32, seed=n + t)
     kmin, kmax, kmean = naive_block_descriptors(k, bs)
@@ -121,7 +121,7 @@ def test_block_scores(method, t, hq, hkv, d, n, bs):
 
 def test_topk_blocks_matches_reference_and_pads():
     from docqa.kernels.attention.naive import naive_topk_blocks
-    from docqa.kernels.attention.triton_sparse import fused_topk_blocks
+    from docqa.kernels.attention.triton_topk import fused_topk_blocks
 
     scores = torch.randn(3, 20, device=DEVICE)
     ref = naive_topk_blocks(scores, 4, 1, 15)
@@ -143,7 +143,7 @@ SPARSE_CASES = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sparse_attention(case, dtype):
     from docqa.kernels.attention.naive import naive_sparse_attention
-    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+    from docqa.kernels.attention.triton_sparse_attention import fused_sparse_attention
 
     t, hq, hkv, d, n, bs, sinks, window, top_k = case
     q, k, v = _qkv(t, hq, hkv, d, n, dtype, seed=sum(case))
@@ -165,7 +165,7 @@ def test_sparse_attention(case, dtype):
 def test_sparse_attention_paged_pool_and_splits(splits):
     """Keys stored in a shuffled page pool through a block table give the same result."""
     from docqa.kernels.attention.naive import naive_sparse_attention
-    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+    from docqa.kernels.attention.triton_sparse_attention import fused_sparse_attention
 
     t, hq, hkv, d, n, bs = 2, 4, 2, 32, 96, 16
     q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=3)
@@ -183,7 +183,7 @@ def test_sparse_attention_paged_pool_and_splits(splits):
 
 def test_dense_equals_reference():
     from docqa.kernels.attention.naive import naive_attention
-    from docqa.kernels.attention.triton_sparse import fused_attention
+    from docqa.kernels.attention.triton_sparse_attention import fused_attention
 
     q, k, v = _qkv(5, 4, 2, 32, 40, torch.float32, seed=11)
     ref_o, ref_l = naive_attention(q, k, v, 30)
@@ -195,7 +195,8 @@ def test_dense_equals_reference():
 def test_routing_chunks_in_one_launch(hq):
     """[C, Hkv, K] selections (one per routing chunk) equal C separate reference calls."""
     from docqa.kernels.attention.naive import naive_block_descriptors, naive_sparse_attention
-    from docqa.kernels.attention.triton_sparse import fused_block_scores, fused_sparse_attention
+    from docqa.kernels.attention.triton_block_scores import fused_block_scores
+    from docqa.kernels.attention.triton_sparse_attention import fused_sparse_attention
 
     t, hkv, d, n, bs, chunk = 32, 2, 32, 160, 16, 16
     q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=5)
@@ -233,7 +234,7 @@ def test_append_kv_keeps_descriptors_equal_to_reference():
 
 def test_block_scores_candidate_mask():
     from docqa.kernels.attention.naive import naive_block_descriptors, naive_block_scores
-    from docqa.kernels.attention.triton_sparse import fused_block_scores
+    from docqa.kernels.attention.triton_block_scores import fused_block_scores
 
     q, k, _ = _qkv(1, 4, 2, 32, 128, torch.float32, seed=2)
     kmin, kmax, kmean = naive_block_descriptors(k, 16)
@@ -288,7 +289,7 @@ def test_gemv_refuses_what_it_cannot_do():
 
 @pytest.mark.parametrize("nb", [16, 100, 1024, 2500])
 def test_decode_topk_matches_torch_topk(nb):
-    from docqa.kernels.attention.triton_sparse import fused_decode_topk
+    from docqa.kernels.attention.triton_topk import fused_decode_topk
 
     g = torch.Generator().manual_seed(nb)
     scores = torch.randn(3, nb, generator=g).to(DEVICE)
@@ -316,7 +317,7 @@ def test_sparse_attention_whole_tiles_unmasked(case):
     """Skipping the mask on tiles every row sees whole gives the reference result, with -1
     slots and selected blocks inside some rows' windows, through a paged pool too."""
     from docqa.kernels.attention.naive import naive_sparse_attention
-    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+    from docqa.kernels.attention.triton_sparse_attention import fused_sparse_attention
 
     t, hq, hkv, d, n, bs, sinks, window, top_k = case
     q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=sum(case))
@@ -348,7 +349,7 @@ def test_sparse_attention_whole_tiles_unmasked(case):
 def test_block_scores_unmasked_row_tiles(method, t, chunk):
     """Whole row tiles (no mask) then a ragged one: rows = chunk * group over 16-row tiles."""
     from docqa.kernels.attention.naive import naive_block_descriptors, naive_block_scores
-    from docqa.kernels.attention.triton_sparse import fused_block_scores
+    from docqa.kernels.attention.triton_block_scores import fused_block_scores
 
     q, k, _ = _qkv(t, 8, 2, 32, 100, torch.float32, seed=t * 10 + chunk)
     q[::2] *= -3.0  # all-negative-ish rows must not lose to padding
@@ -361,7 +362,7 @@ def test_block_scores_unmasked_row_tiles(method, t, chunk):
 
 def test_decode_topk_small_tiles_many_blocks():
     """Past 1024 blocks the first pass uses tiles of 256..1024 (>= 2 tiles): same winners."""
-    from docqa.kernels.attention.triton_sparse import fused_decode_topk
+    from docqa.kernels.attention.triton_topk import fused_decode_topk
 
     for nb in (1025, 2048, 4100):
         scores = torch.randn(2, nb, generator=torch.Generator().manual_seed(nb)).to(DEVICE)
@@ -374,7 +375,7 @@ def test_decode_topk_small_tiles_many_blocks():
 
 @pytest.mark.parametrize("n", [7, 4096, 10000])
 def test_argmax_matches_torch(n):
-    from docqa.kernels.attention.triton_sparse import fused_argmax
+    from docqa.kernels.sampling.triton_argmax import fused_argmax
 
     x = torch.randn(1, n, generator=torch.Generator().manual_seed(n)).to(DEVICE, torch.bfloat16)
     x[0, n // 3] = x[0, -1] = 50.0  # a tie: the first index wins, as in torch.argmax
@@ -420,7 +421,7 @@ def test_topk_blocks_unsorted_same_sets_as_reference(nb, end):
     """Prefill routing's unsorted top-k: per routing chunk and head the same ids as the
     reference (chunk-wise candidate ends), -1 for the slots no candidate fills."""
     from docqa.kernels.attention.naive import naive_topk_blocks
-    from docqa.kernels.attention.triton_sparse import fused_topk_blocks_unsorted
+    from docqa.kernels.attention.triton_topk import fused_topk_blocks_unsorted
 
     scores = torch.randn(2, 3, nb, generator=torch.Generator().manual_seed(nb + end)).to(DEVICE)
     ends = torch.tensor([end, end - 2], device=DEVICE)[:, None, None]
@@ -534,7 +535,7 @@ def test_sparse_attention_blocks_in_a_far_pool(staged, splits):
     gives the reference attention over the logical keys. Unstaged staging slots are NaN, so
     a read of one would show."""
     from docqa.kernels.attention.naive import naive_sparse_attention
-    from docqa.kernels.attention.triton_sparse import fused_sparse_attention, staging_rows
+    from docqa.kernels.attention.triton_sparse_attention import fused_sparse_attention, staging_rows
 
     hq, hkv, d, n, bs, k_sel = 4, 2, 32, 160, 16, 3
     t = 64 if staged else 1
@@ -624,11 +625,8 @@ def test_prefill_routing_folded_into_score_and_topk_kernels(q0, t, chunk, nb_ext
     chunk, from q0 and the window) and -1 for non-candidate picks from the top-k kernels gives
     the scores and id sets of the torch-masked path (`fused_topk_blocks_unsorted`)."""
     from docqa.kernels.attention.naive import naive_block_descriptors
-    from docqa.kernels.attention.triton_sparse import (
-        fused_block_scores,
-        fused_decode_topk,
-        fused_topk_blocks_unsorted,
-    )
+    from docqa.kernels.attention.triton_block_scores import fused_block_scores
+    from docqa.kernels.attention.triton_topk import fused_decode_topk, fused_topk_blocks_unsorted
 
     hq, hkv, d, bs, window, top_k = 4, 2, 16, 16, 32, 6
     n = q0 + t + nb_extra * bs
@@ -668,7 +666,7 @@ def test_prefill_attention_loops_match_reference(case):
     """The three-loop prefill kernel gives the reference result,
     routed blocks inside some queries' windows and -1 slots included, with a block table too."""
     from docqa.kernels.attention.naive import naive_sparse_attention
-    from docqa.kernels.attention.triton_sparse import fused_sparse_attention
+    from docqa.kernels.attention.triton_sparse_attention import fused_sparse_attention
 
     t, hq, hkv, d, n, bs, sinks, window, top_k, rc = case
     q, k, v = _qkv(t, hq, hkv, d, n, torch.float32, seed=sum(case[:9]))

@@ -208,7 +208,7 @@ def fused_rope_append(
     return qkv
 
 
-@triton.jit(do_not_specialize=["start", "end", "b0", "b_last"])  # positions: see triton_sparse.SPECIALIZE_NOT
+@triton.jit(do_not_specialize=["start", "end", "b0", "b_last"])  # positions: see triton_sparse_attention.SPECIALIZE_NOT
 def _store_kv_blocks_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
     start, end, b0, b_last,
