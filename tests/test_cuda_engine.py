@@ -264,7 +264,7 @@ def test_attention_kernels_at_real_shapes_fit_and_match_sdpa(dtype, hq, hkv, d):
     PyTorch SDPA."""
     import torch.nn.functional as F
 
-    from docqa.kernels.attention.triton_sparse import fused_attention
+    from docqa.kernels.attention.triton_sparse_attention import fused_attention
 
     t = 4096
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from ...kernels.attention.triton_sparse import fused_argmax
 from ...kernels.dsa_index import fused_index_scores, fused_index_topk
 from ...kernels.linear.triton_gemv import fused_gemv
 from ...kernels.mla_decode import fused_mla_decode
 from ...kernels.moe import fused_moe_down, fused_moe_gate_up
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
+from ...kernels.sampling.triton_argmax import fused_argmax
 from ..config import ModelConfig
 from ..kv_cache import DTYPES
 from ..models.mla import LATENT_NORM_EPS

@@ -12,7 +12,7 @@ its norm / SwiGLU / residual fused, and RoPE and the KV append in the qkv GEMV's
 Mistral) or in one launch after it with the biases and q/k norms (Qwen2, Qwen3:
 `fused_rope_append`); prefill runs cuBLAS GEMMs. Attention reads the state's settings:
 
-- sparse: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse.py);
+- sparse: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse_attention.py);
   prefill routes once per `route_chunk` queries (the chunk's last `route_tail` on their own),
   decode per token;
 - dense: the same kernel with no routed blocks and a window wider than any context (exact
@@ -32,18 +32,14 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from ...kernels.attention.triton_block_scores import fused_block_scores
 from ...kernels.attention.triton_kvstore import fused_rope_append, fused_store_kv_blocks
-from ...kernels.attention.triton_sparse import (
-    fused_argmax,
-    fused_block_scores,
-    fused_decode_topk,
-    fused_sparse_attention,
-    fused_topk_blocks_unsorted,
-    staging_rows,
-)
+from ...kernels.attention.triton_sparse_attention import fused_sparse_attention, staging_rows
+from ...kernels.attention.triton_topk import fused_decode_topk, fused_topk_blocks_unsorted
 from ...kernels.linear.triton_gemv import fused_gemv, fused_qkv_gemv
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.rope.triton_rope import fused_rope
+from ...kernels.sampling.triton_argmax import fused_argmax
 from ...kernels.swiglu.triton_swiglu import fused_swiglu
 from ..config import ModelConfig
 from ..rope import inv_frequencies

@@ -13,6 +13,18 @@ import math
 
 import torch
 
+NO_RING = (0, 1 << 62)  # (pin, ring) of a KV pool that keeps every position at its own row
+
+
+def ring_row(p, ring: tuple[int, int] = NO_RING):
+    """Cache row of position p (an int or a tensor of them) in a tiered GPU pool
+    (engine/gpu/tiering.py): the first `pin` positions at their own rows, later ones in a ring
+    of `ring` rows after them (the kernels' `triton_kvstore.ring_row`)."""
+    pin, rows = ring
+    if isinstance(p, torch.Tensor):
+        return torch.where(p < pin, p, pin + (p - pin) % rows)
+    return p if p < pin else pin + (p - pin) % rows
+
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int]:
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
@@ -105,7 +117,9 @@ def naive_block_descriptors(k: torch.Tensor, block_size: int) -> tuple[torch.Ten
 
 
 def naive_block_scores(
-    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, method: str = "minmax"
+    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, method: str = "minmax",
+    *, chunk: int | None = None, candidates: tuple | None = None, tile: tuple[int, int] | None = None,
+    chunk_candidates: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Relevance of each block to a query chunk, shared by the chunk and by a GQA group.
 
@@ -113,21 +127,49 @@ def naive_block_scores(
       minmax: sum_d max(x_d * kmin_d, x_d * kmax_d)  (an upper bound of x . k over the block)
       mean:   x . kmean
     Returns scores [Hkv, NB] fp32: the max over the T queries and the G query heads of a group.
+    With `chunk`, the queries are cut into ceil(T / chunk) routing chunks: [C, Hkv, NB].
+    `candidates=(first, end)` (end an int or 1-element tensor): blocks outside first..end-1
+    score -inf. `chunk_candidates=(first, q0, window, block_size)` (queries at absolute indices
+    q0..): per routing chunk, blocks before `first` and from max(0, (last - window +
+    block_size) // block_size) on, `last` the chunk's last query, score -inf. `tile` is the
+    kernel's program tile (`fused_block_scores`) and changes nothing here.
     """
     hkv = kmin.shape[1]
     if q.shape[1] % hkv:
         raise ValueError(f"{q.shape[1]} query heads cannot be grouped over {hkv} kv heads")
-    x = _grouped(q, hkv)  # [Hkv, G*T, D]
-    if method == "minmax":
-        # max(x*lo, x*hi) = x*(lo+hi)/2 + |x|*(hi-lo)/2: two matmuls instead of a [.., NB, D] tensor
-        center = ((kmin.float() + kmax.float()) / 2).permute(1, 2, 0)  # [Hkv, D, NB]
-        radius = ((kmax.float() - kmin.float()) / 2).permute(1, 2, 0)
-        s = torch.bmm(x, center) + torch.bmm(x.abs(), radius)
-    elif method == "mean":
-        s = torch.bmm(x, kmean.float().permute(1, 2, 0))
-    else:
+    if method not in ("minmax", "mean"):
         raise ValueError(f"unknown block score method {method!r} (minmax, mean)")
-    return s.amax(1)
+    if candidates is not None and chunk_candidates is not None:
+        raise ValueError("candidates and chunk_candidates exclude each other")
+    t, nb = q.shape[0], kmin.shape[0]
+    c_len = t if chunk is None else chunk
+    n_c = max(1, -(-t // c_len)) if c_len else 1
+    ids = torch.arange(nb, device=q.device)
+    rows = []
+    for c in range(n_c):
+        qc = q[c * c_len:(c + 1) * c_len]
+        if qc.shape[0] == 0:
+            s = torch.full((hkv, nb), float("-inf"), device=q.device)
+        else:
+            x = _grouped(qc, hkv)  # [Hkv, G*T, D]
+            if method == "minmax":
+                # max(x*lo, x*hi) = x*(lo+hi)/2 + |x|*(hi-lo)/2: two matmuls instead of a [.., NB, D] tensor
+                center = ((kmin.float() + kmax.float()) / 2).permute(1, 2, 0)  # [Hkv, D, NB]
+                radius = ((kmax.float() - kmin.float()) / 2).permute(1, 2, 0)
+                s = (torch.bmm(x, center) + torch.bmm(x.abs(), radius)).amax(1)
+            else:
+                s = torch.bmm(x, kmean.float().permute(1, 2, 0)).amax(1)
+        if candidates is not None:
+            first, end = candidates
+            s = torch.where((ids >= first) & (ids < torch.as_tensor(end, device=q.device).reshape(())), s,
+                            float("-inf"))
+        if chunk_candidates is not None:
+            first, q0, window, block_size = chunk_candidates
+            last = min((c + 1) * c_len, t) - 1 + q0
+            end = max((last - window + block_size) // block_size, 0)
+            s = torch.where((ids >= first) & (ids < end), s, float("-inf"))
+        rows.append(s)
+    return torch.stack(rows) if chunk is not None else rows[0]
 
 
 def naive_topk_blocks(scores: torch.Tensor, top_k: int, first: int, end: int) -> torch.Tensor:
@@ -146,6 +188,32 @@ def naive_topk_blocks(scores: torch.Tensor, top_k: int, first: int, end: int) ->
     return idx.sort(dim=1).values
 
 
+def naive_topk_blocks_unsorted(scores: torch.Tensor, top_k: int, first, end) -> torch.Tensor:
+    """Reference of `fused_topk_blocks_unsorted`: per row of scores [..., Hkv, NB], the top_k
+    highest-scoring candidate blocks first..end-1 (`first` / `end` ints or tensors broadcast
+    against [..., Hkv, 1]), as [..., Hkv, top_k] with -1 in the slots no candidate fills.
+    Ids in no particular order (here: descending score)."""
+    nb = scores.shape[-1]
+    ids = torch.arange(nb, device=scores.device)
+    s = torch.where((ids >= first) & (ids < end), scores.float(), float("-inf"))
+    k = max(0, min(top_k, nb))
+    top = torch.topk(s, k, dim=-1)
+    idx = torch.where(torch.isfinite(top.values), top.indices, -1)
+    pad = idx.new_full((*scores.shape[:-1], max(top_k, 0) - k), -1)
+    return torch.cat([idx, pad], dim=-1)
+
+
+def naive_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None = None, *,
+                      drop_noncandidates: bool = False) -> torch.Tensor:
+    """Reference of `fused_decode_topk`: indices of the top min(top_k, NB) scores per row of
+    scores [H, NB], unordered; -inf entries (non-candidates) only where a row has fewer finite
+    ones, and with `drop_noncandidates` those picks are -1. Fills `out` when given."""
+    idx = torch.topk(scores.float(), min(top_k, scores.shape[-1]), dim=-1).indices
+    if drop_noncandidates:
+        idx = torch.where(torch.gather(scores, -1, idx) > float("-inf"), idx, -1)
+    return idx if out is None else out.copy_(idx)
+
+
 def sparse_mask(
     n_keys: int, q_offset: int, t: int, block_idx: torch.Tensor, block_size: int, sink_tokens: int, window: int
 ) -> torch.Tensor:
@@ -162,16 +230,46 @@ def sparse_mask(
     return base[None] | ((j[None, None, :] <= i[None]) & in_block[:, None, :])
 
 
+def logical_keys(
+    k: torch.Tensor, v: torch.Tensor, n_keys: int, block_table: torch.Tensor, block_size: int,
+    host: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys 0..n_keys-1 in logical order from a paged pool: logical block b lives at rows
+    block_table[b]*B + (0..B-1) of k, v [rows, Hkv, D], or, for an entry -1-r < 0, at row-block
+    r of the host pool `host=(hk, hv)` (engine/gpu/tiering.py). Returns k, v [n_keys, Hkv, D]."""
+    j = torch.arange(n_keys, device=k.device)
+    phys = block_table.to(k.device).long()[j // block_size]
+    near = phys >= 0
+    rows = torch.where(near, phys, -1 - phys) * block_size + j % block_size
+    ko, vo = k.new_empty(n_keys, *k.shape[1:]), v.new_empty(n_keys, *v.shape[1:])
+    ko[near], vo[near] = k[rows[near]], v[rows[near]]
+    if not near.all():
+        if host is None:
+            raise ValueError("a negative block table entry needs the host pool")
+        far = (~near).cpu()
+        hrows = rows.cpu()[far]
+        ko[~near], vo[~near] = host[0][hrows].to(k.device), host[1][hrows].to(v.device)
+    return ko, vo
+
+
 def naive_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    q_offset: int,
+    q_offset,
     block_idx: torch.Tensor,
     block_size: int,
     sink_tokens: int,
     window: int,
     scale: float | None = None,
+    *,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    route_chunk: int | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    host: tuple[torch.Tensor, torch.Tensor] | None = None,
+    staging: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention over sinks ∪ selected blocks ∪ local window, with true positions.
 
@@ -179,12 +277,31 @@ def naive_sparse_attention(
     selected block ids (-1 = unused slot). Query i (absolute q_offset + t) sees key j <= i when
     j < sink_tokens, or i - window < j, or j lies in a block selected for its kv head. Each key
     is counted once even when it is in several of those sets. Returns out [T, Hq, D], lse [T, Hq].
+
+    As `fused_sparse_attention`: block_idx [C, Hkv, K] holds one selection per routing chunk of
+    `route_chunk` (default ceil(T / C)) queries; `block_table` (+ `host`) makes k, v a paged
+    pool (`logical_keys`); `out` / `lse` are filled when given; `q_offset` may be a 1-element
+    tensor. `num_splits` and `staging` only say how the kernel does the work: ignored here.
     """
     t, _, hkv, _ = _check(q, k, v)
-    if block_idx.dim() != 2 or block_idx.shape[0] != hkv:
-        raise ValueError(f"block_idx must be [Hkv={hkv}, K]; got {tuple(block_idx.shape)}")
-    mask = sparse_mask(k.shape[0], q_offset, t, block_idx, block_size, sink_tokens, window)
-    return naive_masked_attention(q, k.transpose(0, 1), v.transpose(0, 1), mask, scale)
+    q_offset = int(q_offset)
+    if block_idx.dim() == 2:
+        block_idx = block_idx[None]
+    if block_idx.dim() != 3 or block_idx.shape[1] != hkv:
+        raise ValueError(f"block_idx must be [Hkv={hkv}, K] or [C, Hkv, K]; got {tuple(block_idx.shape)}")
+    if block_table is not None:
+        k, v = logical_keys(k, v, q_offset + t, block_table, block_size, host)
+    n_c = block_idx.shape[0]
+    if route_chunk is not None and n_c != -(-t // route_chunk):
+        raise ValueError(f"{n_c} selections do not cover {t} queries in routing chunks of {route_chunk}")
+    step = (route_chunk or -(-t // n_c)) if n_c > 1 else max(t, 1)
+    o = torch.empty(t, q.shape[1], q.shape[2], device=q.device)
+    l = torch.empty(t, q.shape[1], device=q.device)
+    for c in range(n_c):
+        a, b = c * step, min(t, (c + 1) * step)
+        mask = sparse_mask(k.shape[0], q_offset + a, b - a, block_idx[c], block_size, sink_tokens, window)
+        o[a:b], l[a:b] = naive_masked_attention(q[a:b], k.transpose(0, 1), v.transpose(0, 1), mask, scale)
+    return (o if out is None else out.copy_(o)), (l if lse is None else lse.copy_(l))
 
 
 def merge_attention(
@@ -205,13 +322,12 @@ def merge_attention(
 def naive_append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     kmin: torch.Tensor, kmax: torch.Tensor, pos: torch.Tensor, block_size: int,
                     kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None,
-                    ring: tuple[int, int] = (0, 1 << 62)) -> None:
+                    ring: tuple[int, int] = NO_RING) -> None:
     """Reference of `fused_append_kv`: one key/value [1, Hkv, D] written at position `pos` (row
     `ring_row(pos)` of a tiered pool), and block pos // block_size's running min / max (and mean,
     through the open block's fp32 key sum) updated; the block's first key replaces stale values."""
     p = int(pos.reshape(-1)[0])
-    pin, ring_rows = ring
-    row = p if p < pin else pin + (p - pin) % ring_rows
+    row = ring_row(p, ring)
     kf = k.reshape(k_cache.shape[1:]).float()
     k_cache[row] = kf.to(k_cache.dtype)
     v_cache[row] = v.reshape(v_cache.shape[1:]).to(v_cache.dtype)
@@ -223,11 +339,36 @@ def naive_append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_c
         kmean[b] = ksum / (p % block_size + 1)
 
 
+def naive_store_kv_blocks(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          kmin: torch.Tensor, kmax: torch.Tensor, start: int, block_size: int,
+                          kmean: torch.Tensor | None = None, ksum: torch.Tensor | None = None,
+                          ring: tuple[int, int] = NO_RING) -> None:
+    """Reference of `fused_store_kv_blocks`: a prefill chunk's k, v [T, Hkv, D] written at
+    positions start..start+T-1 (rows `ring_row` of them), then the min / max (and mean) of
+    every block those positions touch, over all its keys up to start+T-1 as the cache holds them
+    (earlier ones included); ksum [Hkv, D] gets the fp32 key sum of the last touched block."""
+    t = k.shape[0]
+    if t == 0:
+        return
+    end = start + t
+    pos = torch.arange(start, end, device=k_cache.device)
+    rows = ring_row(pos, ring)
+    k_cache[rows] = k.to(k_cache.dtype)
+    v_cache[rows] = v.to(v_cache.dtype)
+    for b in range(start // block_size, -(-end // block_size)):
+        keys = k_cache[ring_row(torch.arange(b * block_size, min(end, (b + 1) * block_size),
+                                             device=k_cache.device), ring)].float()
+        kmin[b], kmax[b] = keys.amin(0), keys.amax(0)
+        if kmean is not None:
+            kmean[b] = keys.mean(0)
+            ksum.copy_(keys.sum(0))
+
+
 def naive_rope_append(qkv: torch.Tensor, bias: torch.Tensor | None, q_norm: torch.Tensor | None,
                       k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor, heads: int,
                       kv_heads: int, pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, ksum: torch.Tensor,
-                      block_size: int, ring: tuple[int, int] = (0, 1 << 62)) -> torch.Tensor:
+                      block_size: int, ring: tuple[int, int] = NO_RING) -> torch.Tensor:
     """Reference of `fused_rope_append`: bias, per-head RMSNorm of q and k, RoPE of q and k (in
     fp32, written back into qkv), then `naive_append_kv` of the k and v heads."""
     d = k_cache.shape[-1]

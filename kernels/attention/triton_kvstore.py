@@ -1,7 +1,10 @@
-"""Append one decode token's key/value to a time-major cache and update its block descriptors.
+"""Triton KV store: keys/values into a time-major cache with their blocks' descriptors.
 
-One launch per layer instead of the half-dozen small PyTorch ops it replaces; the position
-comes from a device tensor so a captured decode step replays with a growing context.
+Same arguments and effects as the references in naive.py (`naive_x` <-> `fused_x`):
+`fused_store_kv_blocks` (a prefill chunk), `fused_append_kv` (one decode token) and
+`fused_rope_append` (Qwen's biases / q-k norms + RoPE + the append). One launch per layer
+instead of the half-dozen small PyTorch ops each replaces; a decode position comes from a
+device tensor so a captured decode step replays with a growing context.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-NO_RING = (0, 1 << 62)  # (pin, ring): every row at its own position
+from .naive import NO_RING
 
 
 @triton.jit
@@ -208,7 +211,7 @@ def fused_rope_append(
     return qkv
 
 
-@triton.jit(do_not_specialize=["start", "end", "b0", "b_last"])  # positions: see triton_sparse.SPECIALIZE_NOT
+@triton.jit(do_not_specialize=["start", "end", "b0", "b_last"])  # positions: see triton_sparse_attention.SPECIALIZE_NOT
 def _store_kv_blocks_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, kmin_ptr, kmax_ptr, kmean_ptr, ksum_ptr,
     start, end, b0, b_last,

@@ -13,6 +13,9 @@ import triton.language as tl
 
 from ..attention.triton_kvstore import NO_RING, store_kv_halves
 from ..gpu import interpreting
+# dependent launch (kernels/pdl.py): a GEMV waits before its first load and lets its successor
+# launch once its weight loop is done
+from ..pdl import gdc_launch_dependents, gdc_wait, pdl_args
 
 # On the GPU the best tile depends on N and K (few programs for small N starve the SMs);
 # the interpreter only checks the arithmetic, so one small config keeps it quick.
@@ -22,21 +25,6 @@ _CONFIGS = [triton.Config({"BLOCK_N": 4, "BLOCK_K": 64}, num_warps=1)] if interp
                        (16, 512, 8), (32, 256, 8), (64, 128, 8))
     for st in (2, 4)
 ]
-
-
-# Programmatic dependent launch (Hopper): a GEMV is launched before its predecessor finishes and
-# waits (griddepcontrol.wait) before its first load, so launch latency and the predecessor's tail
-# overlap; each GEMV lets its successor launch once its weight loop is done. Off under the
-# interpreter and where this Triton lacks the grid-dependency ops.
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton
-    gdc_launch_dependents = gdc_wait = None
-GEMV_PDL = gdc_wait is not None and not interpreting()
-
-
-def _pdl() -> dict:
-    return {"launch_pdl": True} if GEMV_PDL else {}
 
 
 # cache_results: the chosen config is kept on disk with the compiled kernels, so a new process
@@ -122,7 +110,7 @@ def fused_gemv(
         _gemv_kernel[grid](
             x, w, g, res, out, n, k, eps, x.stride(0), w.stride(0), res.stride(0), out.stride(0),
             HAS_NORM=norm_weight is not None, SWIGLU=swiglu, HAS_RES=residual is not None,
-            PDL=GEMV_PDL, **_pdl(),
+            **pdl_args(),
         )
     return out
 
@@ -210,6 +198,6 @@ def fused_qkv_gemv(
         n, k, eps, w.stride(0), heads + kv_heads, heads,
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         kmin.stride(0), kmin.stride(1), kmean.stride(0), kmean.stride(1), ring[0], ring[1],
-        HALF=d // 2, BLOCK=block_size, PDL=GEMV_PDL, **_pdl(),
+        HALF=d // 2, BLOCK=block_size, **pdl_args(),
     )
     return out

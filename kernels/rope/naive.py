@@ -16,10 +16,11 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float = 500000.0
     return ang.cos().float(), ang.sin().float()
 
 
-def naive_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos, sin [T, D/2]; returns x rotated, same dtype."""
+def naive_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H, D]; cos, sin [T, D/2]; returns x rotated, same dtype (or into `out`)."""
     half = x.shape[-1] // 2
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
     c, s = cos.float()[:, None, :], sin.float()[:, None, :]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    y = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).to(x.dtype)
+    return y if out is None else out.copy_(y)

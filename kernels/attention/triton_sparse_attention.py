@@ -1,16 +1,16 @@
 """Triton kernels for the three-layer sparse attention (sinks + local window + routed blocks).
 
-Same arguments and semantics as the references in `naive.py` (`naive_x` <-> `fused_x`):
+Same arguments and semantics as `naive_sparse_attention` / `naive_attention` (naive.py):
 
-- `fused_block_scores`: minmax / mean block scores, max over a query chunk and a GQA group.
-- `fused_topk_blocks`: top-k candidate blocks per kv head (fixed output shape, -1 padded, so a
-  decode step can be captured in a CUDA graph; `end` may be a device tensor).
-- `fused_sparse_attention`: exact attention over sinks ∪ selected blocks ∪ window, one kernel
-  for prefill chunks and decode. The work of one kv head is a list of key tiles (selected
-  blocks, then sink tiles, then window tiles); each key tile is masked so that a key is counted
-  once even when it is in several sets. The list can be split across programs
-  (flash-decoding); the partial (out, lse) pairs are merged exactly by a second kernel.
-  Optionally the keys live in a paged pool addressed through `block_table`.
+- `fused_sparse_attention`: exact attention over sinks ∪ selected blocks ∪ window, for prefill
+  chunks and decode. Decode runs `_sparse_attn_kernel`: the work of one kv head is a list of
+  key tiles (selected blocks, then sink tiles, then window tiles), each masked so that a key is
+  counted once even when it is in several sets; the list can be split across programs
+  (flash-decoding) and the partial (out, lse) pairs are merged exactly by
+  `_merge_splits_kernel`. Prefill runs `_sparse_prefill_attn_kernel` (three loops, no splits).
+  Optionally the keys live in a paged pool addressed through `block_table`, with far blocks in
+  a pinned host pool (read in place, or staged to the GPU by `_stage_far_blocks_kernel`).
+- `fused_attention`: dense causal attention through the same kernel.
 
 All query heads of one GQA group share a program, so each key tile is read once per kv head.
 """
@@ -24,27 +24,13 @@ import triton
 import triton.language as tl
 
 from ..gpu import interpreting
-from ..linear import triton_gemv
-
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton
-    gdc_launch_dependents = gdc_wait = None
-
+from ..pdl import dependent_launch, pdl_args
 
 LOG2E = 1.4426950408889634
 # Launch constants measured on the H200 (bench/results/archive/): constants, never reassigned.
 PREFILL_LAUNCH = {"num_warps": 8, "num_stages": 3}  # long chunks (>= 4096 rows); shorter: 4 warps, 2 stages
 PREFILL_BLOCK_M = 128  # query rows (query x GQA head) per prefill program in long chunks
 MAX_SPLITS = 32  # split-KV programs per (query tile, kv head) in decode
-SCORE_TILE = (64, 256)  # (query rows, blocks) per program of prefill block scoring
-TOPK_TILE_MIN = 256  # smallest tile of the decode top-k's first pass (was 1024)
-# Programmatic dependent launch for the decode step's small kernels (block scores, top-k,
-# attention, split merge, argmax), as for the GEMVs (kernels/linear/triton_gemv.py): each waits
-# for its predecessor before its first load and lets its successor launch at once, so the
-# successor's launch latency hides under it. Needs triton_gemv.GEMV_PDL too (the bench turns
-# that off where PDL fails).
-ROUTING_PDL = True
 # decode attention aims at about this many programs (2 per SM, 132 SMs); the interpreter runs
 # programs one after another, so there a few splits keep the CPU tests quick
 DECODE_PROGRAMS = 4 if interpreting() else 256
@@ -53,277 +39,6 @@ DECODE_PROGRAMS = 4 if interpreting() else 256
 # prefill in a new process (the H200 e2e run: 0.9 s to prefill a 19-token question). These
 # arguments only bound loops and masks, so the kernels take them unspecialised.
 SPECIALIZE_NOT = ["n_q", "n_keys_static", "sel_chunk"]
-
-
-def _pdl(on: bool = True) -> dict:
-    """Launch arguments: PDL constexpr plus the launch attribute, when dependent launch is on."""
-    if on and ROUTING_PDL and triton_gemv.GEMV_PDL and gdc_wait is not None:
-        return {"PDL": True, "launch_pdl": True}
-    return {"PDL": False}
-
-
-@triton.jit
-def _dependent_launch(PDL: tl.constexpr):
-    if PDL:
-        gdc_wait()  # inputs come from the previous kernel
-        gdc_launch_dependents()  # small grids: the next kernel's programs may get resident now
-
-
-@triton.jit(do_not_specialize=["n_q", "chunk", "n_blocks", "first", "q0"])
-def _block_scores_kernel(
-    q_ptr, kmin_ptr, kmax_ptr, kmean_ptr, out_ptr, end_ptr,
-    n_q, chunk, n_blocks, group, first, q0, win, bsz,
-    sq_t, sq_h, sd_b, sd_h, so_c, so_h,
-    MINMAX: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_END: tl.constexpr, CHUNK_END: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    _dependent_launch(PDL)
-    h = tl.program_id(0)
-    nb = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    c = tl.program_id(2)
-    t0 = c * chunk
-    n_rows = (tl.minimum(t0 + chunk, n_q) - t0) * group
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < D
-    bmask = nb < n_blocks
-    dptr = nb[:, None].to(tl.int64) * sd_b + h * sd_h + d[None, :]
-    lmask = bmask[:, None] & dmask[None, :]
-    # descriptors stay in their storage dtype (bf16 on the GPU path: tensor-core products)
-    if MINMAX:
-        kmax = tl.load(kmax_ptr + dptr, mask=lmask, other=0.0)
-        kmin = tl.load(kmin_ptr + dptr, mask=lmask, other=0.0)
-        ddt = kmax.dtype
-    else:
-        kmean = tl.load(kmean_ptr + dptr, mask=lmask, other=0.0)
-        ddt = kmean.dtype
-    # A running elementwise max over row tiles, reduced across rows once after the loop: a
-    # cross-warp reduction per tile made the prefill scoring ~5x slower than its matmuls.
-    best2d = tl.full([BLOCK_M, BLOCK_N], float("-inf"), tl.float32)
-    # rows enumerate (query, head-in-group) pairs of this kv head; whole row tiles first, with
-    # no row mask (a select per score element costs about a quarter of the tile's dot), then
-    # the ragged last tile
-    n_full = (n_rows // BLOCK_M) * BLOCK_M
-    for r0 in range(0, n_full, BLOCK_M):
-        r = r0 + tl.arange(0, BLOCK_M)
-        t = t0 + r // group
-        hq = h * group + r % group
-        x = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
-                    mask=dmask[None, :], other=0.0).to(ddt)
-        if MINMAX:
-            # max(x*lo, x*hi) summed over d == relu(x).hi + min(x,0).lo: two matrix products
-            s = tl.dot(tl.maximum(x, 0.0).to(ddt), tl.trans(kmax)) + tl.dot(tl.minimum(x, 0.0).to(ddt), tl.trans(kmin))
-        else:
-            s = tl.dot(x, tl.trans(kmean))
-        best2d = tl.maximum(best2d, s)
-    if n_full < n_rows:
-        r = n_full + tl.arange(0, BLOCK_M)
-        rmask = r < n_rows
-        t = t0 + r // group
-        hq = h * group + r % group
-        x = tl.load(q_ptr + t[:, None].to(tl.int64) * sq_t + hq[:, None] * sq_h + d[None, :],
-                    mask=rmask[:, None] & dmask[None, :], other=0.0).to(ddt)
-        if MINMAX:
-            s = tl.dot(tl.maximum(x, 0.0).to(ddt), tl.trans(kmax)) + tl.dot(tl.minimum(x, 0.0).to(ddt), tl.trans(kmin))
-        else:
-            s = tl.dot(x, tl.trans(kmean))
-        best2d = tl.maximum(best2d, tl.where(rmask[:, None], s, float("-inf")))
-    best = tl.max(best2d, axis=0)
-    if HAS_END:
-        # non-candidates (sink-covered or window-covered blocks) can never win a top-k slot
-        best = tl.where((nb >= first) & (nb < tl.load(end_ptr)), best, float("-inf"))
-    if CHUNK_END:
-        # prefill: the candidates of routing chunk c end at the first block the window of the
-        # chunk's last query (absolute index q0 + its row) covers (router.py's rule)
-        last = tl.minimum(t0 + chunk, n_q) - 1 + q0
-        end_c = tl.maximum((last - win + bsz) // bsz, 0)
-        best = tl.where((nb >= first) & (nb < end_c), best, float("-inf"))
-    tl.store(out_ptr + c * so_c + h * so_h + nb, best, mask=bmask)
-
-
-def fused_block_scores(
-    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor, method: str = "minmax",
-    *, chunk: int | None = None, candidates: tuple | None = None, tile: tuple[int, int] | None = None,
-    chunk_candidates: tuple[int, int, int, int] | None = None,
-) -> torch.Tensor:
-    """Relevance of each block to a query chunk, shared by the chunk and by a GQA group.
-
-    q [T, Hq, D]; descriptors [NB, Hkv, D] (the unused one may be any tensor of that shape).
-    Returns scores [Hkv, NB] fp32, the max over the T queries and the G heads of a group of
-    `minmax`: sum_d max(x_d kmin_d, x_d kmax_d), or `mean`: x . kmean.
-    With `chunk`, the queries are cut into ceil(T / chunk) routing chunks scored in one launch:
-    returns [C, Hkv, NB]. With `candidates=(first, end)` (end a 1-element device tensor) blocks
-    outside first..end-1 score -inf, which lets a decode step skip `fused_topk_blocks`' masking.
-    `tile=(rows, blocks)` overrides the program tile (powers of two, rows >= 16; for tests).
-    With `chunk_candidates=(first, q0, window, block_size)` (queries at absolute indices q0..)
-    each routing chunk's non-candidates score -inf: blocks before `first` and from the first
-    block the window of the chunk's last query covers, i.e. end = max(0, (last - window +
-    block_size) // block_size) — the prefill routing's masking, done in the kernel.
-    """
-    if method not in ("minmax", "mean"):
-        raise ValueError(f"unknown block score method {method!r} (minmax, mean)")
-    t, hq, d = q.shape
-    ref = kmin if method == "minmax" else kmean
-    nb, hkv, dd = ref.shape
-    if dd != d or hq % hkv:
-        raise ValueError(f"q {tuple(q.shape)} does not match descriptors {tuple(ref.shape)}")
-    if method == "minmax" and (kmax.shape != kmin.shape or kmax.stride() != kmin.stride()):
-        raise ValueError("kmin and kmax must have one shape and layout")
-    if q.stride(-1) != 1 or ref.stride(-1) != 1:
-        raise ValueError("q and descriptors must be contiguous in their last dimension")
-    c_len = t if chunk is None else chunk
-    n_c = max(1, triton.cdiv(t, c_len))
-    out = torch.empty(n_c, hkv, nb, dtype=torch.float32, device=q.device)
-    if nb and t:
-        g = hq // hkv
-        first, end = candidates if candidates is not None else (0, out)
-        q0 = win = bsz = 1
-        if chunk_candidates is not None:
-            if candidates is not None:
-                raise ValueError("candidates and chunk_candidates exclude each other")
-            first, q0, win, bsz = chunk_candidates
-            if q0 + min(c_len, t) - 1 - win + bsz < 0:
-                raise ValueError("negative candidate end: the kernel divides truncating")
-        big = min(c_len, t) * g >= 512  # prefill routing chunks: larger tensor-core tiles
-        # Prefill: every program re-reads its routing chunk's queries from L2 once per tile of
-        # blocks, so wide block tiles cut that traffic (the 1M profile: 64 ms per chunk, ~130 TFLOP/s)
-        block_m, block_n = (SCORE_TILE if big else (32, 64)) if tile is None else tile
-        if method == "minmax" and tile is None:
-            block_n = min(block_n, 128)  # kmin and kmax both resident: 2 x 64 KiB at 256 blocks overflowed
-        _block_scores_kernel[(hkv, triton.cdiv(nb, block_n), n_c)](
-            q, kmin, kmax, kmean, out, end, t, c_len, nb, g, first, q0, win, bsz,
-            q.stride(0), q.stride(1), ref.stride(0), ref.stride(1), out.stride(0), out.stride(1),
-            MINMAX=method == "minmax", D=d, BLOCK_D=triton.next_power_of_2(d),
-            BLOCK_M=block_m, BLOCK_N=block_n, HAS_END=candidates is not None,
-            CHUNK_END=chunk_candidates is not None,
-            num_warps=8 if big else 4, **_pdl(candidates is not None),  # decode's scoring
-        )
-    elif nb:
-        out.fill_(float("-inf"))
-    return out if chunk is not None else out[0]
-
-
-def fused_topk_blocks(scores: torch.Tensor, top_k: int, first, end) -> torch.Tensor:
-    """The top_k highest-scoring candidate blocks first..end-1 per kv head.
-
-    scores [..., Hkv, NB]. Unlike `naive_topk_blocks` the result always has top_k columns,
-    padded with -1 where fewer candidates exist, and `first`/`end` may be device tensors
-    (broadcast against [..., Hkv, 1]): no host synchronisation, so it can sit inside a
-    captured decode step. Ids are sorted ascending with the -1 slots last.
-    """
-    nb = scores.shape[-1]
-    lead = scores.shape[:-1]
-    k = min(top_k, nb)
-    if k <= 0:
-        return torch.full((*lead, max(top_k, 0)), -1, dtype=torch.long, device=scores.device)
-    ids = torch.arange(nb, device=scores.device)
-    cand = (ids >= first) & (ids < end)
-    s = torch.where(cand, scores.float(), float("-inf"))
-    top = torch.topk(s, k, dim=-1, sorted=False)
-    idx = torch.where(torch.isfinite(top.values), top.indices, nb)
-    idx = idx.sort(dim=-1).values
-    idx = torch.where(idx == nb, -1, idx)
-    if k < top_k:
-        idx = torch.cat([idx, idx.new_full((*lead, top_k - k), -1)], dim=-1)
-    return idx
-
-
-def fused_topk_blocks_unsorted(scores: torch.Tensor, top_k: int, first, end) -> torch.Tensor:
-    """`fused_topk_blocks` without the ascending sort: the same set of ids per row (-1 where
-    fewer than top_k candidates exist), in no particular order, through the decode top-k
-    kernels instead of torch's radix select (18 us per call in the prefill profile) and sort.
-    For the attention kernel, which takes the selection in any order."""
-    nb = scores.shape[-1]
-    lead = scores.shape[:-1]
-    k = min(top_k, nb)
-    if k <= 0 or k > 64:
-        return fused_topk_blocks(scores, top_k, first, end)
-    ids = torch.arange(nb, device=scores.device)
-    s = torch.where((ids >= first) & (ids < end), scores.float(), float("-inf")).contiguous()
-    idx = fused_decode_topk(s.view(-1, nb), k).view(*lead, k)
-    # picks beyond the candidates (rows with fewer than k) are non-candidates: drop them
-    idx = torch.where(torch.gather(s, -1, idx) > float("-inf"), idx, -1)
-    if k < top_k:
-        idx = torch.cat([idx, idx.new_full((*lead, top_k - k), -1)], dim=-1)
-    return idx
-
-
-@triton.jit(do_not_specialize=["n"])
-def _tile_topk_kernel(s_ptr, val_ptr, idx_ptr, n, ss_h, sv_h, K: tl.constexpr, TILE: tl.constexpr,
-                      DROP: tl.constexpr = False, PDL: tl.constexpr = False):
-    """The K best of one tile of one row. Finite scores beat -inf ones (non-candidates, still
-    valid picks when a row has fewer than K candidates); a picked entry and the padding past
-    `n` are retired to -inf, below every real entry, so no index is picked twice."""
-    _dependent_launch(PDL)
-    h = tl.program_id(0)
-    tile = tl.program_id(1)
-    offs = tile * TILE + tl.arange(0, TILE)
-    x = tl.load(s_ptr + h * ss_h + offs, mask=offs < n, other=float("-inf"))
-    x = tl.where(offs < n, tl.where(x == float("-inf"), -3.0e38, x), float("-inf"))
-    for r in range(K):
-        best, at = tl.max(x, axis=0, return_indices=True)
-        tl.store(val_ptr + h * sv_h + tile * K + r, best)
-        pick = (tile * TILE + at).to(tl.int64)
-        if DROP:  # a non-candidate pick (score -inf, carried as -3e38) becomes -1
-            pick = tl.where(best > -3.0e38, pick, -1)
-        tl.store(idx_ptr + h * sv_h + tile * K + r, pick)
-        x = tl.where(tl.arange(0, TILE) == at, float("-inf"), x)
-
-
-@triton.jit(do_not_specialize=["n"])
-def _merge_topk_kernel(val_ptr, cidx_ptr, idx_ptr, n, sv_h, so_h, K: tl.constexpr, N_P2: tl.constexpr,
-                       DROP: tl.constexpr = False, PDL: tl.constexpr = False):
-    _dependent_launch(PDL)
-    h = tl.program_id(0)
-    offs = tl.arange(0, N_P2)
-    x = tl.load(val_ptr + h * sv_h + offs, mask=offs < n, other=float("-inf"))
-    ids = tl.load(cidx_ptr + h * sv_h + offs, mask=offs < n, other=0)
-    for r in range(K):
-        best, at = tl.max(x, axis=0, return_indices=True)
-        pick = tl.sum(tl.where(offs == at, ids, 0), axis=0)
-        if DROP:
-            pick = tl.where(best > -3.0e38, pick, -1)
-        tl.store(idx_ptr + h * so_h + r, pick)
-        x = tl.where(offs == at, float("-inf"), x)
-
-
-def fused_decode_topk(scores: torch.Tensor, top_k: int, out: torch.Tensor | None = None, *,
-                      drop_noncandidates: bool = False) -> torch.Tensor:
-    """Indices of the top_k scores per row of scores [H, NB] fp32 (unordered), like
-    `torch.topk(scores, top_k).indices` where scores are distinct; -inf entries (non-candidates)
-    are taken last. For a decode step: two small launches instead of torch's radix select,
-    which the H200 profile showed at ~20 us per layer. With `drop_noncandidates`, picks whose
-    score is -inf come back as -1 (needs top_k <= 64 and top_k <= NB)."""
-    h, nb = scores.shape
-    if top_k > nb or top_k > 64 or scores.stride(-1) != 1:
-        if drop_noncandidates:
-            raise ValueError("drop_noncandidates needs top_k <= min(64, NB) and contiguous rows")
-        return torch.topk(scores, min(top_k, nb), dim=-1, sorted=False).indices
-    # Each pick-and-retire round is one reduction over the tile, so smaller tiles make the
-    # rounds cheaper and give more programs; the merge then sees n_tiles * K candidates, kept
-    # at <= 256 (one warp's merge slows past that: the 1M profile).
-    tile = min(1024, max(TOPK_TILE_MIN, triton.next_power_of_2(triton.cdiv(nb * top_k, 256))))
-    n_tiles = triton.cdiv(nb, tile)
-    if out is None:
-        out = torch.empty(h, top_k, dtype=torch.long, device=scores.device)
-    if not out.is_contiguous() or out.shape != (h, top_k):
-        raise ValueError(f"out must be a contiguous [{h}, {top_k}] tensor")
-    if n_tiles == 1:
-        vals = torch.empty(h, top_k, dtype=torch.float32, device=scores.device)
-        _tile_topk_kernel[(h, 1)](scores, vals, out, nb, scores.stride(0), top_k, K=top_k, TILE=tile,
-                                  DROP=drop_noncandidates, num_warps=1, **_pdl())
-        return out
-    vals = torch.empty(h, n_tiles * top_k, dtype=torch.float32, device=scores.device)
-    cidx = torch.empty(h, n_tiles * top_k, dtype=torch.long, device=scores.device)
-    # One warp per program: the K pick-and-retire rounds are latency-bound, and inside one warp
-    # each round's reduction is register shuffles only (the H200 profile: 5-6 us per launch
-    # with 4 warps, most of it cross-warp barriers).
-    _tile_topk_kernel[(h, n_tiles)](scores, vals, cidx, nb, scores.stride(0), n_tiles * top_k, K=top_k, TILE=tile,
-                                    num_warps=1, **_pdl())
-    _merge_topk_kernel[(h,)](vals, cidx, out, n_tiles * top_k, n_tiles * top_k, out.stride(0), K=top_k,
-                             N_P2=triton.next_power_of_2(n_tiles * top_k), DROP=drop_noncandidates, num_warps=1,
-                             **_pdl())
-    return out
 
 
 @triton.jit
@@ -376,7 +91,7 @@ def _sparse_attn_kernel(
     BLOCK: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    _dependent_launch(PDL)
+    dependent_launch(PDL)
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -627,7 +342,7 @@ def _merge_splits_kernel(
     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    _dependent_launch(PDL)
+    dependent_launch(PDL)
     # One program per (query row, kv head), all splits in one load: the merge is latency-bound
     # (a decode step has 4 rows per head), so one round trip beats a loop over the splits.
     r = tl.program_id(0)
@@ -840,13 +555,13 @@ def fused_sparse_attention(
         block_idx.stride(0), block_idx.stride(1), out.stride(0), out.stride(1), lse.stride(0), sel_chunk, far_k, far_v,
         NUM_SPLITS=num_splits, HAS_TABLE=block_table is not None, QOFF_PTR=qoff_is_tensor, HOST=host_mode,
         BLOCK=block_size, D=d, BLOCK_D=block_d, BLOCK_M=block_m, KV_FP8=fp8,
-        num_warps=8 if block_m == 128 else 4, num_stages=2, **_pdl(),
+        num_warps=8 if block_m == 128 else 4, num_stages=2, **pdl_args(),
     )
     if num_splits > 1:
         _merge_splits_kernel[(rows, hkv)](
             po, plse, out, lse, g, out.stride(0), out.stride(1), lse.stride(0), hkv,
             NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), D=d, BLOCK_D=block_d,
-            BLOCK_M=block_m, num_warps=1 if block_d <= 128 else 2, **_pdl(),
+            BLOCK_M=block_m, num_warps=1 if block_d <= 128 else 2, **pdl_args(),
         )
     return out, lse
 
@@ -859,42 +574,3 @@ def fused_attention(
     idx = torch.full((k.shape[1], 1), -1, dtype=torch.long, device=q.device)  # no empty pointer
     return fused_sparse_attention(q, k, v, q_offset, idx, 64, 0, 1 << 30, scale, **kw)
 
-
-@triton.jit
-def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, n, TILE: tl.constexpr, PDL: tl.constexpr = False):
-    _dependent_launch(PDL)
-    p = tl.program_id(0)
-    offs = p * TILE + tl.arange(0, TILE)
-    x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
-    best, at = tl.max(x, axis=0, return_indices=True)  # ties: the first index, as torch.argmax
-    tl.store(val_ptr + p, best)
-    tl.store(idx_ptr + p, (p * TILE + at).to(tl.int64))
-
-
-@triton.jit
-def _argmax_merge_kernel(val_ptr, idx_ptr, out_ptr, n, N_P2: tl.constexpr, PDL: tl.constexpr = False):
-    _dependent_launch(PDL)
-    offs = tl.arange(0, N_P2)
-    x = tl.load(val_ptr + offs, mask=offs < n, other=float("-inf"))
-    best, at = tl.max(x, axis=0, return_indices=True)
-    tl.store(out_ptr, tl.sum(tl.where(offs == at, tl.load(idx_ptr + offs, mask=offs < n, other=0), 0), axis=0))
-
-
-def fused_argmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """argmax of a contiguous 1-D (or [1, N]) tensor as a [1] int64 tensor, like
-    `x.argmax(-1)` for one row (first index on ties; NaN-free input assumed). Two small
-    launches: torch's single-block reduction over a 128K vocabulary took 36 us per token."""
-    flat = x.reshape(-1)
-    if not flat.is_contiguous():
-        raise ValueError("x must be contiguous")
-    n = flat.numel()
-    tile = 4096
-    parts = triton.cdiv(n, tile)
-    if out is None:
-        out = torch.empty(1, dtype=torch.long, device=x.device)
-    vals = torch.empty(parts, dtype=torch.float32, device=x.device)
-    idx = torch.empty(parts, dtype=torch.long, device=x.device)
-    _argmax_part_kernel[(parts,)](flat, vals, idx, n, TILE=tile, num_warps=4, **_pdl())
-    _argmax_merge_kernel[(1,)](vals, idx, out, parts, N_P2=max(16, triton.next_power_of_2(parts)), num_warps=1,
-                               **_pdl())
-    return out
