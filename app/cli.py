@@ -290,7 +290,7 @@ def ask(
     Example: docqa ask contract.pdf "What is the notice period for termination?"
     Example: docqa ask 10k.pdf "What were total revenues in 2022?" --model openai:http://127.0.0.1:8080/v1
     """
-    from .ask import AskSettings, ask as run_ask
+    from .service import AskSettings, Runtime, ask as run_ask
 
     if len(args) < 2:
         raise typer.BadParameter("give at least one document and the question")
@@ -318,9 +318,9 @@ def ask(
             err.file.flush()
 
         if map_reduce:
-            run = _map_reduce(store, refs, question, settings)
+            run = _map_reduce(Runtime(store), refs, question, settings)
         else:
-            run = run_ask(store, refs, question, settings, on_token=on_token if stream else None,
+            run = run_ask(Runtime(store), refs, question, settings, on_token=on_token if stream else None,
                           on_progress=progress.step if show else None)
         if stream and not progress.active:
             err.print()
@@ -387,7 +387,7 @@ class StepProgress:
             self.console.print(text)
 
 
-def _map_reduce(store, refs, question, settings):
+def _map_reduce(runtime, refs, question, settings):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from .mapreduce import map_reduce
@@ -395,7 +395,7 @@ def _map_reduce(store, refs, question, settings):
     with Progress(TextColumn("reading segments"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("map", total=None)
-        return map_reduce(store, refs, question, settings,
+        return map_reduce(runtime, refs, question, settings,
                           on_progress=lambda done, total: progress.update(task, completed=done, total=total))
 
 

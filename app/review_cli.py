@@ -114,7 +114,8 @@ def review(
 
     Example: docqa review contracts/ --checklist contract_review --executor ray --address auto
     """
-    from .ask import AskSettings, check_thinking
+    from .models import check_thinking
+    from .service import AskSettings
     from .checklist import load_checklist
     from .executor import RayExecutor, local_executor
     from .review import run_review
@@ -178,7 +179,7 @@ def review(
 
 
 def _print_summary(store: Store, summary) -> None:
-    from .review import get_job, job_runs
+    from .jobs import get_job, job_runs
 
     job = get_job(store, summary.job_id)
     runs = job_runs(store, job.id)

@@ -106,6 +106,19 @@ def render_chat(template: str | None, messages: list[dict[str, str]], *,
         raise CheckpointError(f"the model's chat template failed: {e}") from None
 
 
+def split_prompt(tokenizer, messages: list[dict[str, str]], slot: str, fill: str, *,
+                 enable_thinking: bool | None = None, reasoning_effort: str | None = None) -> tuple[list[int], list[int]]:
+    """A chat prompt as (prefix ids, rest ids), cut where `slot` stands in `messages` and with
+    `fill` in its place. The prefix is everything the template renders before the slot, the
+    same whatever the fill: what a per-document prefix cache stores (`ask --read-all` puts the
+    document before the slot and the question in it)."""
+    text = render_chat(template_of(tokenizer), messages, bos_token=tokenizer.token_text(tokenizer.bos_id),
+                       eos_token=tokenizer.token_text(tokenizer.eos_id), enable_thinking=enable_thinking,
+                       reasoning_effort=reasoning_effort)
+    head, tail = text.split(slot)
+    return tokenizer.encode(head, add_bos=False), tokenizer.encode(fill + tail, add_bos=False)
+
+
 def split_thinking(ids: list[int], tokenizer) -> tuple[str, str]:
     """(thinking text, answer text) of generated token ids.
 

@@ -289,7 +289,7 @@ def test_cuad_recall_through_the_store(cuad_docs, tmp_path):
     SQLite store (stemmed, with the titles column) and its page index, ranked by `retrieve()`."""
     import json
 
-    from docqa.app.ask import Library
+    from docqa.app.service import Library
     from docqa.app.store import Store
     from docqa.pipelines.retrieval import retrieve, top_pages
 
