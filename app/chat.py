@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from . import config
 from .clikit import cli_errors, db_option, err, json_option, open_store
 
 if TYPE_CHECKING:  # `docqa --help` must not import the model stack
@@ -77,7 +78,7 @@ def register(app) -> None:
                                                "later questions prefill only the question.")] = False,
         show_draft: Annotated[bool, typer.Option("--show-draft", help="Show withheld drafts.")] = False,
         free_text: Annotated[bool, typer.Option("--free-text", help="Free text instead of quote-constrained decoding.")] = False,
-        max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
+        max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = config.AskSettings.max_tokens,
         device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto")] = None,
         db: db_option = None,
         as_json: json_option = False,

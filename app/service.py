@@ -24,48 +24,12 @@ from ..pipelines.passages import Passage
 from ..pipelines.qa import answer_question, check_answer, evidence_citations
 from ..pipelines.retrieval import retrieve
 from . import config
+from .config import AskSettings
 from .errors import DocqaError
 from .models import LoadedEngine, Model, EngineGenerate, Progress, check_thinking, read_all_engine, read_all_remote, remote_generate
 from .remote import RemoteModel, is_remote
 from .runs import Run, save_run
 from .store import Store
-
-
-ABSTAIN_MARGIN = 0.0
-
-
-@dataclass(frozen=True)
-class AskSettings:
-    model: str | None = None  # checkpoint path or openai:URL#MODEL; None: DOCQA_MODEL, else the default model
-    evidence_only: bool = False
-    passages: int = 8  # ranked passages offered to the context builder
-    evidence: int = 5  # passages shown as evidence
-    # Context budget: prefill dominates an answer's time on a CPU (~100-300 tokens/s with the
-    # default model), so a few clauses' worth; raise it for a GPU or a longer-context model.
-    budget_tokens: int = 1600
-    max_tokens: int = 200
-    temperature: float = 0.0
-    read_all: bool = False  # the engine reads the whole document (sparse attention + prefix cache)
-    # Quote-constrained answers (pipelines/quote_constraint.py): the model picks the passage and
-    # the words, decoding keeps them exact quotes. Free text suits models that quote unaided;
-    # the default 135M model paraphrases, so none of its free-text citations verify.
-    quote: bool = True
-    device: str | None = None  # cpu, cuda, cuda:N, auto; None: DOCQA_DEVICE, else auto
-    # Quotes from only this many best-ranked passages (None: any passage read). Measured at 3:
-    # the gold page among the answer's citations 7/18, as with None (bench/results/ask.md).
-    quote_from: int | None = None
-    # Abstention (bench/results/ask.md). The model quotes only when its log-odds of opening a
-    # quote over "Not found in the document." exceed `abstain_margin` (0: its bare preference).
-    abstain_margin: float = ABSTAIN_MARGIN
-    # An answer none of whose verified quotes supports it (names the question's subject; for a
-    # numeric question, holds a figure of the kind and year asked) is withheld as "not found",
-    # with the evidence shown (pipelines/support.py).
-    subject_check: bool = True
-    # Thinking controls for reasoning models, passed to the chat template as enable_thinking /
-    # reasoning_effort (engine/chat.py; None: the template's own default). A model that thinks
-    # gets THINK_TOKENS more to generate, and its thinking is never part of the answer.
-    thinking: bool | None = None
-    reasoning_effort: str | None = None
 
 
 # Passages retrieved per question: the context reads the first `AskSettings.passages`, the

@@ -24,6 +24,7 @@ from datetime import datetime
 from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..errors import DocqaError
 from .config import CheckpointError
 
 # Used when a checkpoint ships no template; ChatML is what most small instruct models use.
@@ -71,9 +72,9 @@ def check_switches(template: str | None, enable_thinking: bool | None, reasoning
     if enable_thinking is None and reasoning_effort is None:
         return
     if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
-        raise ValueError(f"reasoning effort must be one of {', '.join(REASONING_EFFORTS)}")
+        raise DocqaError(f"reasoning effort must be one of {', '.join(REASONING_EFFORTS)}")
     if enable_thinking is False and reasoning_effort is not None:
-        raise ValueError("a reasoning effort asks for thinking, which --no-thinking turns off: give one of them")
+        raise DocqaError("a reasoning effort asks for thinking, which --no-thinking turns off: give one of them")
     template = template or CHATML
     try:
         names = meta.find_undeclared_variables(_environment().parse(template))
