@@ -23,8 +23,9 @@ from . import config
 from .errors import DocqaError
 from .remote import RemoteModel, is_remote
 
-if TYPE_CHECKING:
-    from .service import AskSettings
+if TYPE_CHECKING:  # the engine (torch) is imported where it is loaded, not here
+    from ..engine.generate import Engine, GenerationResult
+    from .config import AskSettings
 
 # Tokens a reasoning model may think before it answers (its think block is closed there): on
 # top of max_tokens, which stays the answer's own limit.
@@ -39,7 +40,7 @@ class LoadedEngine:
     """An engine with what answering keeps beside it: its vocabulary as text (for quote-
     constrained decoding, built on first use) and its per-document prefix cache."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self._token_table: TokenTable | None = None
 
@@ -59,7 +60,7 @@ class Generation:
     """One engine call: the engine's result (text, tokens, timings) and, under a quote plan,
     the model's first-step margin of quoting over abstaining (None: no plan)."""
 
-    result: object  # engine.generate's GenerationResult
+    result: GenerationResult
     quote_margin: float | None = None
 
     def timings(self) -> dict[str, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from ..pipelines.document import Document
 from ..pipelines.passages import Passage
@@ -26,7 +26,8 @@ from ..pipelines.retrieval import retrieve
 from . import config
 from .config import AskSettings
 from .errors import DocqaError
-from .models import LoadedEngine, Model, EngineGenerate, Progress, check_thinking, read_all_engine, read_all_remote, remote_generate
+from .models import (EngineGenerate, LoadedEngine, Model, Progress, check_thinking, read_all_engine, read_all_remote,
+                     remote_generate)
 from .remote import RemoteModel, is_remote
 from .runs import Run, save_run
 from .store import Store
