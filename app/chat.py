@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from . import config
 from .clikit import cli_errors, db_option, err, json_option, open_store
 
 if TYPE_CHECKING:  # `docqa --help` must not import the model stack
-    from .ask import AskSettings
     from .runs import Run
+    from .service import AskSettings
     from .store import Store
 
 QUIT = frozenset({"quit", "exit", ":q", "/quit", "/exit"})
@@ -31,25 +32,24 @@ class ChatSession:
     """Documents, passages and model loaded once; `ask()` per question."""
 
     def __init__(self, store: Store, refs: list[str], settings: AskSettings):
-        from .ask import Library, open_model
+        from .service import Runtime
 
-        self.store, self.refs, self.settings = store, refs, settings
-        self.library = Library(store)
-        self.docs, _ = self.library.load(refs)  # a bad reference fails here, before any question
+        self.refs, self.settings = refs, settings
+        self.runtime = Runtime(store)
+        self.docs, _ = self.runtime.library.load(refs)  # a bad reference fails here, before any question
         self.model_s = 0.0
         if not settings.evidence_only:
             t = time.perf_counter()
-            model = open_model(settings)  # loads the engine (cached per process) or checks the server
+            model = self.runtime.model(settings)  # loads the engine (kept by the runtime) or checks the server
             # A server's model, once resolved, is named so later questions skip /v1/models.
             if model.engine is None:
                 self.settings = replace(settings, model=model.name)
             self.model_s = time.perf_counter() - t
 
     def ask(self, question: str, on_token: Callable[[str], None] | None = None) -> Run:
-        from .ask import ask
+        from .service import ask
 
-        return ask(self.store, self.refs, question, self.settings, on_token=on_token, library=self.library,
-                   kind="chat")
+        return ask(self.runtime, self.refs, question, self.settings, on_token=on_token, kind="chat")
 
 
 def questions(lines: Iterable[str]) -> Iterable[str]:
@@ -78,7 +78,7 @@ def register(app) -> None:
                                                "later questions prefill only the question.")] = False,
         show_draft: Annotated[bool, typer.Option("--show-draft", help="Show withheld drafts.")] = False,
         free_text: Annotated[bool, typer.Option("--free-text", help="Free text instead of quote-constrained decoding.")] = False,
-        max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
+        max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = config.AskSettings.max_tokens,
         device: Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto")] = None,
         db: db_option = None,
         as_json: json_option = False,
@@ -91,7 +91,7 @@ def register(app) -> None:
 
         Example: docqa chat contract.pdf --read-all
         """
-        from .ask import AskSettings
+        from .service import AskSettings
         from .cli import print_run, run_json
 
         settings = AskSettings(model=model, evidence_only=evidence_only, read_all=read_all, quote=not free_text,

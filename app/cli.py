@@ -1,11 +1,12 @@
 """The `docqa` command line: thin typer commands over `app.store` and `pipelines.ingest`.
 
-Each command opens the store and calls the library; typed errors (`DocqaError`,
-`IngestError`) become one line on stderr and exit code 1. Anything else is a bug: users see
-one line too, but with DOCQA_DEBUG=1 (tests set it) it raises with its traceback.
+Each command opens the store and calls the library; typed errors (any `DocqaError`, errors.py)
+become one line on stderr and exit code 1. Anything else is a bug: users see one line too, but
+with DOCQA_DEBUG=1 (tests set it) it raises with its traceback.
 
-To add a command group, define a `typer.Typer()` in its own module and mount it below
-with `app.add_typer(...)`; use `db_option`, `json_option` and `cli_errors` from here.
+Commands outside this file live in their own modules, each with a `register(app)` that mounts
+its commands (or its group, as `engine_cli` mounts `docqa engine`); add the module to the list
+at the end. Use `db_option`, `json_option` and `cli_errors` from clikit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rich.text import Text
 
 from ..pipelines.errors import IngestError
 from . import config
-from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort, engine_app
+from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, IngestProgress, cli_errors, collect_files, db_option,
                      err, error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
 
@@ -50,8 +51,6 @@ def _main(
 ) -> None:
     pass
 
-
-app.add_typer(engine_app, name="engine")
 
 @app.command()
 @cli_errors
@@ -259,8 +258,8 @@ def ask(
         bool, typer.Option("--free-text", help="Let the model write freely instead of quote-constrained "
                            "decoding (for models that quote unaided; citations are verified either way).")
     ] = False,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
-    budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = 1600,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = config.AskSettings.max_tokens,
+    budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = config.AskSettings.budget_tokens,
     abstain_margin: Annotated[
         Optional[float], typer.Option("--abstain-margin", help="Quote only when the model's log-odds of quoting over "
                                       "'Not found in the document.' exceed this [default: see README]")
@@ -290,7 +289,7 @@ def ask(
     Example: docqa ask contract.pdf "What is the notice period for termination?"
     Example: docqa ask 10k.pdf "What were total revenues in 2022?" --model openai:http://127.0.0.1:8080/v1
     """
-    from .ask import AskSettings, ask as run_ask
+    from .service import AskSettings, Runtime, ask as run_ask
 
     if len(args) < 2:
         raise typer.BadParameter("give at least one document and the question")
@@ -318,9 +317,9 @@ def ask(
             err.file.flush()
 
         if map_reduce:
-            run = _map_reduce(store, refs, question, settings)
+            run = _map_reduce(Runtime(store), refs, question, settings)
         else:
-            run = run_ask(store, refs, question, settings, on_token=on_token if stream else None,
+            run = run_ask(Runtime(store), refs, question, settings, on_token=on_token if stream else None,
                           on_progress=progress.step if show else None)
         if stream and not progress.active:
             err.print()
@@ -387,7 +386,7 @@ class StepProgress:
             self.console.print(text)
 
 
-def _map_reduce(store, refs, question, settings):
+def _map_reduce(runtime, refs, question, settings):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from .mapreduce import map_reduce
@@ -395,7 +394,7 @@ def _map_reduce(store, refs, question, settings):
     with Progress(TextColumn("reading segments"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("map", total=None)
-        return map_reduce(store, refs, question, settings,
+        return map_reduce(runtime, refs, question, settings,
                           on_progress=lambda done, total: progress.update(task, completed=done, total=total))
 
 
@@ -487,22 +486,12 @@ def runs(
         out.print(f"{r.id}  {r.status:<13} {','.join(r.doc_ids)}  {short(r.question, 70)}")
 
 
-# review, export, browse: defined in review_cli, which uses the helpers above.
-from .review_cli import register as register_review_commands  # noqa: E402
+# The command modules, each mounted the one way: engine (a group), review / export / browse,
+# docs / show / path, summarize, chat, serve (imported here: they use the helpers above).
+from . import chat, docs_cli, engine_cli, review_cli, serve, summarize  # noqa: E402
 
-register_review_commands(app)
-from .docs_cli import register as register_docs_commands  # noqa: E402
-
-register_docs_commands(app)
-
-from .summarize import register as register_summarize  # noqa: E402
-
-register_summarize(app)
-from .chat import register as register_chat  # noqa: E402
-from .serve import register as register_serve  # noqa: E402
-
-register_chat(app)
-register_serve(app)
+for _module in (engine_cli, review_cli, docs_cli, summarize, chat, serve):
+    _module.register(app)
 
 
 def main() -> None:

@@ -78,7 +78,7 @@ def cli_errors(command: Callable) -> Callable:
         except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt, SystemExit):
             raise  # click prints a usage error (typer.BadParameter) with the usage line, exit 2
         except Exception as e:
-            if isinstance(e, _user_error_types()):
+            if isinstance(e, DocqaError):  # the pipelines' and the engine's errors included
                 error_line(str(e))
                 raise typer.Exit(EXIT_ERROR) from None
             if config.debug():
@@ -87,18 +87,6 @@ def cli_errors(command: Callable) -> Callable:
             raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper
-
-
-def _user_error_types() -> tuple[type[Exception], ...]:
-    """The errors that are the user's, not bugs. The engine's are looked up only if their
-    module was imported (an error cannot come from a module never loaded), so that the CLI
-    starts without importing torch."""
-    engine = __name__.rsplit(".", 2)[0] + ".engine"
-    types: list[type[Exception]] = [DocqaError, IngestError]
-    for module, name in ((".config", "CheckpointError"), (".device", "DeviceError")):
-        if (m := sys.modules.get(engine + module)) is not None:
-            types.append(getattr(m, name))
-    return tuple(types)
 
 
 def print_json(value) -> None:

@@ -1,16 +1,20 @@
 """`docqa engine ...`: raw generation, a self-check against HF transformers, and a benchmark.
 
-Each command calls one engine function; engine errors (CheckpointError) become one line on
-stderr and exit code 1."""
+Each command calls one engine function; like every command it runs under `cli_errors`: the
+engine's user-facing errors (`CheckpointError`, `DeviceError`: `DocqaError`s) become one line
+on stderr and exit code 1, and anything else is a bug, raised with its traceback under
+DOCQA_DEBUG."""
 
 from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
 from enum import Enum
 
 import typer
+
+from . import config
+from .clikit import cli_errors
 
 engine_app = typer.Typer(help="The embedded LLM engine.\n\nExample: docqa engine generate \"Hello\" --chat",
                          no_args_is_help=True, add_completion=False)
@@ -35,25 +39,12 @@ EFFORT_HELP = ("Reasoning models whose chat template takes reasoning_effort: how
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 weights (default: bfloat16 on CUDA, float32 on the CPU).")
 
 
-@contextmanager
-def _user_errors():
-    from docqa.engine.config import CheckpointError
-
-    try:
-        yield
-    except (CheckpointError, ValueError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
-
-
 def _load(model, device=None, dtype=None):
     import torch
 
     from docqa.engine import Engine
 
-    import os
-
-    if (model or os.environ.get("DOCQA_MODEL") or "").startswith("openai:"):
+    if (config.model_spec(model) or "").startswith("openai:"):
         raise typer.BadParameter("`docqa engine` runs the embedded engine; --model/DOCQA_MODEL names a model "
                                  "server (openai:...): pass a GGUF file or HF directory with --model")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,6 +54,7 @@ def _load(model, device=None, dtype=None):
 
 
 @engine_app.command()
+@cli_errors
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the model's chat template."),
@@ -84,26 +76,27 @@ def generate(
 
     Example: docqa engine generate "What is a force majeure clause?" --chat --max-tokens 64
     """
+    if top_p <= 0:  # the sampler's nucleus is (0, 1]
+        raise typer.BadParameter("--top-p must be above 0")
     if (no_thinking or reasoning_effort) and not chat:
         raise typer.BadParameter("--no-thinking and --reasoning-effort go to the chat template: add --chat")
-    with _user_errors():
-        from docqa.engine.chat import ThinkingTracker
+    from docqa.engine.chat import ThinkingTracker
 
-        engine = _load(model, device, dtype)
-        engine.speculative = not no_speculative
-        # the template is checked for the switches asked for (engine/chat.py check_switches)
-        ids = (engine.chat_prompt(prompt, thinking=False if no_thinking else None,
-                                  reasoning_effort=reasoning_effort.value if reasoning_effort else None) if chat
-               else engine.tokenizer.encode(prompt))
-        in_thinking = ThinkingTracker(engine.tokenizer, ids)
+    engine = _load(model, device, dtype)
+    engine.speculative = not no_speculative
+    # the template is checked for the switches asked for (engine/chat.py check_switches)
+    ids = (engine.chat_prompt(prompt, thinking=False if no_thinking else None,
+                              reasoning_effort=reasoning_effort.value if reasoning_effort else None) if chat
+           else engine.tokenizer.encode(prompt))
+    in_thinking = ThinkingTracker(engine.tokenizer, ids)
 
-        def stream(token, delta):
-            out = sys.stderr if in_thinking(token) else sys.stdout
-            out.write(delta)
-            out.flush()
+    def stream(token, delta):
+        out = sys.stderr if in_thinking(token) else sys.stdout
+        out.write(delta)
+        out.flush()
 
-        res = engine.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                              on_token=None if as_json else stream)
+    res = engine.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          on_token=None if as_json else stream)
     if as_json:
         typer.echo(json.dumps({
             "text": res.text, "thinking": res.thinking, "token_ids": res.token_ids, "prompt_tokens": res.prompt_tokens,
@@ -124,6 +117,7 @@ CHECK_PROMPTS = [
 
 
 @engine_app.command()
+@cli_errors
 def check(
     model: str | None = ModelOpt,
     device: str | None = DeviceOpt,
@@ -141,29 +135,28 @@ def check(
         typer.echo("error: the check needs HF transformers as the reference: "
                    "pip install 'docqa[reference]'", err=True)
         raise typer.Exit(1) from None
-    with _user_errors():
-        engine = _load(model, device)
-        ckpt = engine.checkpoint
-        if ckpt.format == "gguf":
-            ref = transformers.AutoModelForCausalLM.from_pretrained(
-                str(ckpt.path.parent), gguf_file=ckpt.path.name, dtype=torch.float32)
-        else:
-            ref = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=torch.float32)
-        ref.eval()
-        rows = []
-        for text in CHECK_PROMPTS:
-            ids = engine.tokenizer.encode(text)
-            with torch.no_grad():
-                want = ref(torch.tensor([ids])).logits[0]
-            # on a GPU this compares the device's logits with the CPU reference
-            got = engine.prefill(ids, engine.new_state(len(ids) + 1), all_logits=True).cpu()
-            ours = engine.generate(ids, tokens, stop_ids=()).token_ids
-            with torch.no_grad():
-                theirs = ref.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
-                                      do_sample=False)[0, len(ids):].tolist()
-            agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-            rows.append({"prompt": text, "max_abs_diff": (got - want).abs().max().item(),
-                         "greedy_agree": agree, "greedy_tokens": tokens})
+    engine = _load(model, device)
+    ckpt = engine.checkpoint
+    if ckpt.format == "gguf":
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            str(ckpt.path.parent), gguf_file=ckpt.path.name, dtype=torch.float32)
+    else:
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=torch.float32)
+    ref.eval()
+    rows = []
+    for text in CHECK_PROMPTS:
+        ids = engine.tokenizer.encode(text)
+        with torch.no_grad():
+            want = ref(torch.tensor([ids])).logits[0]
+        # on a GPU this compares the device's logits with the CPU reference
+        got = engine.prefill(ids, engine.new_state(len(ids) + 1), all_logits=True).cpu()
+        ours = engine.generate(ids, tokens, stop_ids=()).token_ids
+        with torch.no_grad():
+            theirs = ref.generate(torch.tensor([ids]), max_new_tokens=tokens, min_new_tokens=tokens,
+                                  do_sample=False)[0, len(ids):].tolist()
+        agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        rows.append({"prompt": text, "max_abs_diff": (got - want).abs().max().item(),
+                     "greedy_agree": agree, "greedy_tokens": tokens})
     # bf16 weights (the CUDA default) round every product: their logits are checked for
     # closeness relative to the logits' range, and greedy agreement is reported, not required
     exact = engine.dtype == torch.float32
@@ -181,6 +174,7 @@ def check(
 
 
 @engine_app.command()
+@cli_errors
 def bench(
     model: str | None = ModelOpt,
     device: str | None = DeviceOpt,
@@ -198,13 +192,12 @@ def bench(
     """
     from docqa.engine.generate import benchmark, context_benchmark
 
-    with _user_errors():
-        engine = _load(model, device, dtype)
-        if context:
-            say = (lambda m: None) if as_json else (lambda m: typer.echo(m, err=True))
-            res = context_benchmark(engine, context, decode_tokens=decode_tokens, say=say)
-        else:
-            res = benchmark(engine, (512, 2048), decode_tokens)
+    engine = _load(model, device, dtype)
+    if context:
+        say = (lambda m: None) if as_json else (lambda m: typer.echo(m, err=True))
+        res = context_benchmark(engine, context, decode_tokens=decode_tokens, say=say)
+    else:
+        res = benchmark(engine, (512, 2048), decode_tokens)
     if as_json:
         typer.echo(json.dumps(res))
     elif context:
@@ -216,3 +209,8 @@ def bench(
             typer.echo(f"prefill {n:>5} tokens: {rate:8.1f} tok/s")
         typer.echo(f"decode: {res['decode_tok_s']:.1f} tok/s")
         typer.echo(f"peak RSS: {res['peak_rss_mib']:.0f} MiB")
+
+
+def register(app) -> None:
+    """Mount `docqa engine ...` on the CLI."""
+    app.add_typer(engine_app, name="engine")

@@ -1,11 +1,12 @@
-"""Typed errors of the app layer. The CLI prints any `DocqaError` (and the pipelines'
-`IngestError`) as one line on stderr and exits non-zero; anything else is a bug."""
+"""Typed errors of the app layer, under the one root `DocqaError` (errors.py, which the
+pipelines' `IngestError` and the engine's `CheckpointError` / `DeviceError` share): the CLI
+prints any of them as one line on stderr and exits non-zero; anything else is a bug."""
 
 from __future__ import annotations
 
+from ..errors import DocqaError
 
-class DocqaError(Exception):
-    """A user-facing failure whose message is one complete line."""
+__all__ = ["DocqaError", "DocumentNotFound", "AmbiguousDocument", "PageOutOfRange", "StoreError"]
 
 
 class DocumentNotFound(DocqaError):

@@ -21,7 +21,7 @@ import jinja2
 from ..pipelines.citations import Citation
 from ..pipelines.html import link_target
 from .errors import DocqaError
-from .review import JobError, get_job, job_runs
+from .jobs import JobError, get_job, job_runs
 from .runs import Run, RunNotFound, get_run
 from .store import Store
 

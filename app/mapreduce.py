@@ -18,7 +18,7 @@ from ..pipelines.mapreduce import Extraction, map_segment, reduce_extractions
 from ..pipelines.qa import Generate, evidence_citations, judge
 from ..pipelines.support import for_documents, need_of
 from ..pipelines.retrieval import retrieve
-from .ask import AskSettings, Library, open_model
+from .service import AskSettings, Runtime
 from .runs import Run, save_run
 from .store import Store
 
@@ -36,22 +36,22 @@ def _stored(store: Store, key: str) -> dict[tuple[str, int], Extraction]:
 
 
 def map_reduce(
-    store: Store,
+    runtime: Runtime,
     refs: list[str],
     question: str,
     settings: AskSettings = AskSettings(),
     *,
     generate: Generate | None = None,
     model_name: str | None = None,
-    library: Library | None = None,
     on_progress: Progress | None = None,
 ) -> Run:
-    """Answer over whole documents by map-reduce; `generate` defaults to the engine's."""
+    """Answer over whole documents by map-reduce, stored in the runtime's store; `generate`
+    defaults to the runtime's model for `settings`."""
     t0 = time.perf_counter()
-    library = library or Library(store)
+    store, library = runtime.store, runtime.library
     docs, passages = library.load(refs)
     if generate is None:
-        model = open_model(settings)
+        model = runtime.model(settings)
         generate, model_name = model.generate, model.name
     key = run_key(question, list(docs), model_name, settings)
     done = _stored(store, key)

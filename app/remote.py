@@ -13,12 +13,12 @@ wait (connecting, and each read while the server thinks).
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from . import config
 from .errors import DocqaError
 
 PREFIX = "openai:"
@@ -52,7 +52,7 @@ class RemoteModel:
         url, _, model = spec[len(PREFIX):].partition("#")
         if not url.startswith(("http://", "https://")):
             raise ModelServerError(f"model server URL must start with http:// or https://, not {url!r}")
-        return cls(url.rstrip("/"), model or None, timeout_s, os.environ.get("DOCQA_OPENAI_API_KEY") or None)
+        return cls(url.rstrip("/"), model or None, timeout_s, config.openai_api_key())
 
     @property
     def name(self) -> str:

@@ -41,27 +41,13 @@ from ..pipelines.ingest import Source, build
 from ..pipelines.passages import Passage
 from ..pipelines.qa import Answer, answer_question
 from ..pipelines.retrieval import retrieve
-from .ask import EVIDENCE_POOL, AskSettings, Library, ask, open_model
+from .service import EVIDENCE_POOL, AskSettings, Runtime, ask
 from .checklist import Checklist, ChecklistItem
 from .errors import DocqaError
 from .executor import Executor, SerialExecutor
+from .jobs import Job, JobError, get_job
 from .runs import Run, get_run, save_run
 from .store import Store
-
-
-class JobError(DocqaError):
-    """A job that cannot be started or resumed as asked."""
-
-
-@dataclass(frozen=True)
-class Job:
-    id: str
-    checklist: Checklist
-    settings: dict
-    status: str
-    created_at: str
-    updated_at: str
-    documents: list[tuple[str, str]]  # (doc_id, path), in the order they were added
 
 
 @dataclass
@@ -133,32 +119,6 @@ def open_job(store: Store, job_id: str, checklist: Checklist, docs: list[tuple[s
     return get_job(store, job_id)
 
 
-def get_job(store: Store, job_id: str) -> Job:
-    row = next(store.db.query("SELECT * FROM jobs WHERE id = ?", [job_id]), None)
-    if row is None:
-        raise JobError(f"no job named {job_id!r} (see `docqa browse` or `docqa runs`)")
-    docs = [(r["doc_id"], r["path"]) for r in store.db.query(
-        "SELECT doc_id, path FROM job_documents WHERE job_id = ? ORDER BY ord", [job_id])]
-    return Job(id=row["id"], checklist=Checklist.model_validate_json(row["checklist"]),
-               settings=json.loads(row["settings"]), status=row["status"],
-               created_at=row["created_at"], updated_at=row["updated_at"], documents=docs)
-
-
-def list_jobs(store: Store) -> list[Job]:
-    ids = [r["id"] for r in store.db.query("SELECT id FROM jobs ORDER BY created_at DESC, id")]
-    return [get_job(store, i) for i in ids]
-
-
-def job_runs(store: Store, job_id: str) -> dict[tuple[str, str], Run]:
-    """The stored answer of every (doc_id, item_id) of a job."""
-    out = {}
-    for r in store.db.query(
-        "SELECT doc_id, item_id, run_id FROM job_items WHERE job_id = ?", [job_id]
-    ):
-        out[(r["doc_id"], r["item_id"])] = get_run(store, r["run_id"])
-    return out
-
-
 def _answered(store: Store, job_id: str) -> set[tuple[str, str]]:
     return {(r[0], r[1]) for r in store.db.execute(
         "SELECT doc_id, item_id FROM job_items WHERE job_id = ?", [job_id])}
@@ -168,23 +128,29 @@ def _answered(store: Store, job_id: str) -> set[tuple[str, str]]:
 
 
 @functools.lru_cache(maxsize=4)
-def _worker(db_path: str) -> tuple[Store, Library]:
-    """One store connection and document cache per process (and per database)."""
-    store = Store(db_path)
-    return store, Library(store)
+def _worker(db_path: str) -> Runtime:
+    """One runtime per worker process (and per database): the store connection, the document
+    cache and the engine, loaded for the first item and reused for the rest."""
+    return Runtime(Store(db_path))
+
+
+@functools.lru_cache(maxsize=1)
+def _remote_worker() -> Runtime:
+    """A worker without the database (Ray): only the engine, loaded for its first item."""
+    return Runtime()
 
 
 def run_item(task: dict) -> dict:
     """Answer one checklist item on one document and store it; returns a small summary."""
-    store, library = _worker(task["db"])
+    runtime = _worker(task["db"])
     item = ChecklistItem.model_validate(task["item"])
     settings = AskSettings(**task["settings"])
     try:
         if item.compare is None:
-            run = ask(store, [task["doc_id"]], item.question, settings, query=item.query(), library=library,
+            run = ask(runtime, [task["doc_id"]], item.question, settings, query=item.query(),
                       job_id=task["job_id"], item_id=item.id, kind="review")
             return {"status": run.status, "run_id": run.id, "conflicts": 0}
-        return _run_compare(store, library, task, item, settings)
+        return _run_compare(runtime, task, item, settings)
     except sqlite3.IntegrityError as e:
         if "job_items" not in str(e):
             raise
@@ -211,7 +177,7 @@ def _compare_runs(store: Store, task: dict, item: ChecklistItem) -> dict[str, Ru
     return runs
 
 
-def _compare(item: ChecklistItem, doc: Document, passages: list[Passage], runs: dict[str, Run],
+def _compare(runtime: Runtime, item: ChecklistItem, doc: Document, passages: list[Passage], runs: dict[str, Run],
              settings: AskSettings) -> tuple[Answer, str | None, int]:
     """The conflict findings between two answered items, as an answer: (answer, model, findings)."""
     a_id, b_id = item.compare
@@ -221,7 +187,7 @@ def _compare(item: ChecklistItem, doc: Document, passages: list[Passage], runs: 
     evidence = runs[a_id].evidence[:2] + runs[b_id].evidence[:2]
     model_name, raw = None, None
     if not settings.evidence_only:
-        judged = _model_judgement(item, doc.doc_id, {doc.doc_id: doc}, passages, runs, settings)
+        judged = _model_judgement(runtime, item, doc.doc_id, {doc.doc_id: doc}, passages, runs, settings)
         model_name, raw = judged["model"], judged["answer"].raw_answer
         if judged["answer"].status == "answered":
             lines.append(f"Model's judgement: {judged['answer'].answer}")
@@ -236,12 +202,11 @@ def _compare(item: ChecklistItem, doc: Document, passages: list[Passage], runs: 
     return answer, model_name, len(findings)
 
 
-def _run_compare(store: Store, library: Library, task: dict, item: ChecklistItem,
-                 settings: AskSettings) -> dict:
-    runs = _compare_runs(store, task, item)
-    docs, passages = library.load([task["doc_id"]])
-    answer, model_name, n = _compare(item, docs[task["doc_id"]], passages[task["doc_id"]], runs, settings)
-    run = save_run(store, answer, doc_ids=[task["doc_id"]], model=model_name, settings=asdict(settings),
+def _run_compare(runtime: Runtime, task: dict, item: ChecklistItem, settings: AskSettings) -> dict:
+    runs = _compare_runs(runtime.store, task, item)
+    docs, passages = runtime.library.load([task["doc_id"]])
+    answer, model_name, n = _compare(runtime, item, docs[task["doc_id"]], passages[task["doc_id"]], runs, settings)
+    run = save_run(runtime.store, answer, doc_ids=[task["doc_id"]], model=model_name, settings=asdict(settings),
                    kind="conflict", job_id=task["job_id"], item_id=item.id)
     return {"status": run.status, "run_id": run.id, "conflicts": n}
 
@@ -249,12 +214,13 @@ def _run_compare(store: Store, library: Library, task: dict, item: ChecklistItem
 # -- the same work split for workers without the database (Ray) -------------------------
 
 
-def prepare_item(store: Store, library: Library, task: dict, share: Callable = lambda v: v) -> dict:
+def prepare_item(runtime: Runtime, task: dict, share: Callable = lambda v: v) -> dict:
     """On the driver: what a worker needs to answer `task` without the database — its
     document (through `share`, so one copy serves all its items), the ranked passages
     (a question) or the two answers it compares (a `compare` item)."""
     item = ChecklistItem.model_validate(task["item"])
     settings = AskSettings(**task["settings"])
+    store, library = runtime.store, runtime.library
     try:
         docs, passages = library.load([task["doc_id"]])
         payload = {"task": task, "doc": share(docs[task["doc_id"]])}
@@ -278,14 +244,15 @@ def answer_item(payload: dict) -> dict:
     task, doc = payload["task"], payload["doc"]
     item = ChecklistItem.model_validate(task["item"])
     settings = AskSettings(**task["settings"])
+    runtime = _remote_worker()
     try:
         if item.compare is not None:
-            answer, model_name, n = _compare(item, doc, payload["passages"], payload["runs"], settings)
+            answer, model_name, n = _compare(runtime, item, doc, payload["passages"], payload["runs"], settings)
             return {"answer": answer, "model": model_name, "conflicts": n, "kind": "conflict"}
         t0 = time.perf_counter()
         generate, model_name, kwargs, model = None, None, {}, None
         if not settings.evidence_only:
-            model = open_model(settings)  # the engine is loaded once per worker process
+            model = runtime.model(settings)  # the engine is loaded once per worker process
             model_name, generate = model.name, model.generate
             if model.count_tokens:
                 kwargs["count_tokens"] = model.count_tokens
@@ -298,11 +265,9 @@ def answer_item(payload: dict) -> dict:
             **kwargs,
         )
         timings = dict(answer.timings)
-        result = getattr(generate, "result", None)
-        if result is not None:
-            timings.update(prefill_s=result.prefill_s, decode_s=result.decode_s,
-                           prompt_tokens=float(result.prompt_tokens),
-                           generated_tokens=float(len(result.token_ids)))
+        generation = model.last_generation() if model else None
+        if generation is not None:
+            timings.update(generation.timings())
         timings["total_s"] = time.perf_counter() - t0
         answer = answer.model_copy(update={"timings": timings})
         return {"answer": answer, "model": model_name, "conflicts": 0, "kind": "review"}
@@ -326,7 +291,7 @@ def _store_answer(store: Store, task: dict, out: dict) -> dict:
 
 def _remote_results(store: Store, executor: Executor, tasks: list[dict]):
     """(task, result) for each task, run on workers that do not share the database."""
-    library = Library(store)
+    runtime = Runtime(store)
     share = getattr(executor, "share", lambda v: v)
     handles: dict[str, object] = {}
 
@@ -339,7 +304,7 @@ def _remote_results(store: Store, executor: Executor, tasks: list[dict]):
 
     # A generator: the executor pulls the next item only when a worker has room, so items
     # are prepared (retrieved) as they are needed, not all up front.
-    payloads = (prepare_item(store, library, t, shared) for t in tasks)
+    payloads = (prepare_item(runtime, t, shared) for t in tasks)
     for payload, out in executor.map(answer_item, payloads):
         task = payload["task"]
         yield task, (out if "error" in out else _store_answer(store, task, out))
@@ -353,11 +318,11 @@ def parse_source(source: Source) -> dict:
         return {"error": str(e)}
 
 
-def _model_judgement(item, doc_id, docs, passages, runs, settings) -> dict:
+def _model_judgement(runtime: Runtime, item, doc_id, docs, passages, runs, settings) -> dict:
     """Ask the model whether the two clauses conflict, over the passages both items cite."""
     spans = [s for r in runs.values() for s in _side_spans(r)]
     chosen = [p for p in passages if any(p.char_start < hi and p.char_end > lo for lo, hi in spans)]
-    model = open_model(settings)
+    model = runtime.model(settings)
     question = (f"{item.question} Compare the clauses on '{item.compare[0]}' and '{item.compare[1]}'. "
                 "If they conflict, start with CONFLICT and quote both clauses with their citations; "
                 "otherwise say NO CONFLICT.")

@@ -91,7 +91,7 @@ def review(
     workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="Local: worker processes for --evidence-only jobs (a model runs in this process) [default: 1]. Ray: workers [default: one per GPU with a model, else one per CPU].")] = None,
     executor: Annotated[str, typer.Option("--executor", help="local (this machine) or ray (workers on a Ray cluster; the database stays here).")] = "local",
     address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster: auto (joins `ray start` here) or ray://HOST:PORT [default: a local cluster for this job].")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = 200,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = config.AskSettings.max_tokens,
     no_thinking: Annotated[bool, typer.Option("--no-thinking", help=NO_THINKING_HELP)] = False,
     reasoning_effort: Annotated[Optional[Effort], typer.Option("--reasoning-effort", help=EFFORT_HELP)] = None,
     db: db_option = None,
@@ -114,7 +114,8 @@ def review(
 
     Example: docqa review contracts/ --checklist contract_review --executor ray --address auto
     """
-    from .ask import AskSettings, check_thinking
+    from .models import check_thinking
+    from .service import AskSettings
     from .checklist import load_checklist
     from .executor import RayExecutor, local_executor
     from .review import run_review
@@ -178,7 +179,7 @@ def review(
 
 
 def _print_summary(store: Store, summary) -> None:
-    from .review import get_job, job_runs
+    from .jobs import get_job, job_runs
 
     job = get_job(store, summary.job_id)
     runs = job_runs(store, job.id)

@@ -240,13 +240,14 @@ class Server(ThreadingHTTPServer):
 def make_server(model: str | None = None, *, device: str | None = None, host: str = "127.0.0.1", port: int = 0,
                 log=None) -> Server:
     """A server for the engine of `model` (a checkpoint; None: DOCQA_MODEL, else the default)."""
-    from .ask import load_engine, resolve_model
+    from . import config
     from .remote import is_remote
+    from .service import Runtime
 
-    spec = resolve_model(model)
+    spec = config.model_spec(model)
     if is_remote(spec):
         raise DocqaError("docqa serve serves the embedded engine; give it a checkpoint, not an openai: server")
-    engine = load_engine(spec, device)
+    engine = Runtime().engine(spec, device).engine
     try:
         return Server(ServedEngine(engine, Path(str(engine.checkpoint.path)).name), host, port, log)
     except OSError as e:

@@ -17,7 +17,7 @@ and this process stores it, as `review` does. The finished summary is a run (kin
 "summary", so `runs`, `export` and `browse` list it) plus its structure in `summaries`.
 
 The model is a `generate` function (pipelines/qa.py's `Generate`) that `generate_for()` opens
-as `ask` does (`open_model`): the embedded engine (`--model` GGUF file or HF dir, `--device`),
+as `ask` does (`Runtime.model`, app/service.py): the embedded engine (`--model` GGUF file or HF dir, `--device`),
 which decodes under a `QuotePlan`, or an OpenAI-compatible server (`openai:URL#MODEL`,
 app/remote.py), which writes freely: it runs with `quote=False` and its statements still rest
 on verified quotes.
@@ -66,10 +66,10 @@ def model_id(settings: SummarizeSettings) -> str | None:
     if settings.evidence_only:
         return None
     from ..engine.default_model import resolve_model_path
-    from .ask import resolve_model
+    from . import config
     from .remote import RemoteModel, is_remote
 
-    spec = resolve_model(settings.model)
+    spec = config.model_spec(settings.model)
     if is_remote(spec):
         return RemoteModel.parse(spec).resolved().name
     return str(resolve_model_path(spec))
@@ -81,24 +81,32 @@ def settings_key(model: str | None, s: SummarizeSettings) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+@functools.lru_cache(maxsize=1)
+def _runtime():
+    """This process's runtime for summarising: a worker (or this process) loads its engine once."""
+    from .service import Runtime
+
+    return Runtime()
+
+
 @functools.lru_cache(maxsize=4)
 def generate_for(settings: SummarizeSettings):
     """The model as a `generate(messages, plan=None)` function: the embedded engine (loaded
-    once per process, as `ask` loads it) or an OpenAI-compatible server (app/remote.py),
+    once per process, by the process's runtime) or an OpenAI-compatible server (app/remote.py),
     which writes freely: `summarize` runs it with quote=False, since a server sends text,
     not the logits a QuotePlan decodes under."""
-    from .ask import AskSettings, open_model
+    from .service import AskSettings
 
-    return open_model(AskSettings(model=settings.model, device=settings.device, max_tokens=settings.max_tokens,
+    return _runtime().model(AskSettings(model=settings.model, device=settings.device, max_tokens=settings.max_tokens,
                                   temperature=0.0)).generate
 
 
 def for_model(settings: SummarizeSettings) -> SummarizeSettings:
     """The settings a model can run: a model server cannot quote under a plan."""
-    from .ask import resolve_model
+    from . import config
     from .remote import is_remote
 
-    if settings.quote and not settings.evidence_only and is_remote(resolve_model(settings.model)):
+    if settings.quote and not settings.evidence_only and is_remote(config.model_spec(settings.model)):
         return replace(settings, quote=False)
     return settings
 
@@ -113,10 +121,10 @@ def minilm_embed():
 
 @functools.lru_cache(maxsize=4)
 def _worker(db_path: str):
-    from .ask import Library
+    """One store connection and document cache per worker process (and per database)."""
+    from .service import Runtime
 
-    store = Store(db_path)
-    return store, Library(store)
+    return Runtime(Store(db_path))
 
 
 def _extract(doc, seg_index: int, s: SummarizeSettings, generate):
@@ -139,10 +147,10 @@ def _store_extraction(store: Store, key: str, ext) -> dict:
 def map_task(task: dict, generate=None) -> dict:
     """Extract one segment and store it (a worker that shares the database: this process or
     a local pool); module-level so any executor can run it."""
-    store, library = _worker(task["db"])
-    docs, _ = library.load([task["doc_id"]])
+    runtime = _worker(task["db"])
+    docs, _ = runtime.library.load([task["doc_id"]])
     ext = _extract(docs[task["doc_id"]], task["segment"], SummarizeSettings(**task["settings"]), generate)
-    return _store_extraction(store, task["key"], ext)
+    return _store_extraction(runtime.store, task["key"], ext)
 
 
 def extract_task(payload: dict, generate=None) -> dict:
@@ -202,8 +210,8 @@ def summarize(
     from ..pipelines.qa import Answer
     from ..pipelines.summarize import (LENGTHS, ClusterSummary, cluster, cluster_key, merge, sentence_budget,
                                        summarise_cluster)
-    from .ask import Library
     from .executor import SerialExecutor
+    from .service import Library
     from .runs import save_run
 
     if settings.length not in LENGTHS:

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from docqa.app.ask import AskSettings, Library, ask
+from docqa.app.service import AskSettings, Library, Runtime, ask
 from docqa.app.store import Store
 from docqa.pipelines.ingest import ingest_file
 from docqa.pipelines.qa import check_answer
@@ -237,11 +237,11 @@ def financebench(args) -> int:
     rows = [json.loads(line) for line in out.with_suffix(".jsonl").open()] if out.with_suffix(".jsonl").exists() else []
     gold = [g for g in gold if g["question"] not in {r["question"] for r in rows}]
     ids = _ingest(store, [g["doc_file"] for g in gold])
-    lib = Library(store)
+    runtime = Runtime(store)
     settings = AskSettings(model=args.model, max_tokens=160, quote=not args.free_text, subject_check=False)
     for i, g in enumerate(gold, 1):
         t = time.perf_counter()
-        run = ask(store, [ids[g["doc_file"]]], g["question"], settings, library=lib)
+        run = ask(runtime, [ids[g["doc_file"]]], g["question"], settings)
         rows.append(dict(corpus="financebench", doc=g["doc_file"], question=g["question"], raw_answer=run.raw_answer or "",
                          answerable=not g.get("unanswerable"), numeric=need_of(g["question"]).numeric, gold_pages=g["evidence_pages_1based"],
                          gold_answer=g["answer"], status=run.status, wall=time.perf_counter() - t,
@@ -282,10 +282,11 @@ def gemma3_file() -> str:
     return str(assemble())
 
 
-def ask_row(store: Store, lib: Library, ids: dict[str, str], g: dict, settings: AskSettings) -> dict:
+def ask_row(runtime: Runtime, ids: dict[str, str], g: dict, settings: AskSettings) -> dict:
     """Ask one gold question and score the run (the per-question row of the report)."""
+    lib = runtime.library
     t = time.perf_counter()
-    run = ask(store, [ids[g["doc_file"]]], g["question"], settings, library=lib)
+    run = ask(runtime, [ids[g["doc_file"]]], g["question"], settings)
     wall = time.perf_counter() - t
     doc = lib.load([ids[g["doc_file"]]])[0][ids[g["doc_file"]]]
     shown = [c for c in run.citations if c.verified]
@@ -402,7 +403,7 @@ def main() -> int:
         doc = ingest_file(CORPUS / rel)
         store.add_document(doc)
         ids[rel] = doc.doc_id
-    lib = Library(store)
+    runtime = Runtime(store)
     margin = {} if args.abstain_margin is None else {"abstain_margin": args.abstain_margin}
     models = [args.model] + [gemma3_file() if m == "gemma3" else m for m in args.against]
     settings_of = {m: AskSettings(model=m, max_tokens=160, quote=not args.free_text, quote_from=args.quote_from or None,
@@ -411,7 +412,7 @@ def main() -> int:
     rows, rows_of = [], {m: [] for m in models}
     for i, g in enumerate(sample, 1):
         for m in models:  # the models in turns, so that a change in the machine's load hits both alike
-            row = ask_row(store, lib, ids, g, settings_of[m])
+            row = ask_row(runtime, ids, g, settings_of[m])
             rows_of[m].append(row)
             print(f"[{i}/{len(sample)}] {g['category']:<32} {row['status']:<12} {row['why']:<13} shown={row['shown']} "
                   f"margin={row['margin']} {row['wall']:5.1f}s {row['model']}", file=sys.stderr, flush=True)
@@ -423,7 +424,7 @@ def main() -> int:
 
     rfc_q = "Which status code means the origin server did not find a current representation for the target resource?"
     t = time.perf_counter()
-    rfc = ask(store, [ids["html/rfc9110_HTTP_Semantics.html"]], rfc_q, settings, library=lib)
+    rfc = ask(runtime, [ids["html/rfc9110_HTTP_Semantics.html"]], rfc_q, settings)
     rfc_wall = time.perf_counter() - t
 
     ans = [r for r in rows if r["answerable"]]

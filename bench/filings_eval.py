@@ -34,7 +34,7 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 SETS = {"financebench": CORPUS / "qa" / "financebench_dev.jsonl",
         "ours": ROOT / "bench" / "data" / "filings_extra.jsonl"}
 EVIDENCE = 5  # distinct pages shown as evidence (AskSettings.evidence)
-POOL = 40  # passages retrieved, as app.ask's EVIDENCE_POOL
+POOL = 40  # passages retrieved, as app.service's EVIDENCE_POOL
 
 
 PARSER_MODULES = ("pdf", "document")

@@ -16,9 +16,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from docqa.app.ask import AskSettings
+from docqa.app.service import AskSettings
 from docqa.app.checklist import load_checklist
-from docqa.app.review import job_runs, run_review
+from docqa.app.jobs import job_runs
+from docqa.app.review import run_review
 from docqa.app.cli import app as _cli  # noqa: F401  (review_cli is loaded through the CLI)
 from docqa.app.review_cli import _documents
 from docqa.app.store import Store

@@ -21,11 +21,12 @@ import platform
 import time
 from pathlib import Path
 
-from docqa.app.ask import AskSettings
+from docqa.app.service import AskSettings
 from docqa.app.checklist import Checklist, load_checklist
 from docqa.app.clikit import ingest_one
 from docqa.app.executor import ProcessExecutor, RayExecutor, SerialExecutor
-from docqa.app.review import job_runs, run_review
+from docqa.app.jobs import job_runs
+from docqa.app.review import run_review
 from docqa.app.store import Store
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"

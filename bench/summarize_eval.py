@@ -244,7 +244,7 @@ def main() -> int:
         result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
         print(json.dumps(result, indent=2))
         return 0
-    from docqa.app.ask import Library
+    from docqa.app.service import Library
     from docqa.app.store import Store
     from docqa.app.summarize import SummarizeSettings, minilm_embed, summarize
     from docqa.pipelines.summarize import first_sentences

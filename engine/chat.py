@@ -24,6 +24,7 @@ from datetime import datetime
 from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..errors import DocqaError
 from .config import CheckpointError
 
 # Used when a checkpoint ships no template; ChatML is what most small instruct models use.
@@ -71,9 +72,9 @@ def check_switches(template: str | None, enable_thinking: bool | None, reasoning
     if enable_thinking is None and reasoning_effort is None:
         return
     if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
-        raise ValueError(f"reasoning effort must be one of {', '.join(REASONING_EFFORTS)}")
+        raise DocqaError(f"reasoning effort must be one of {', '.join(REASONING_EFFORTS)}")
     if enable_thinking is False and reasoning_effort is not None:
-        raise ValueError("a reasoning effort asks for thinking, which --no-thinking turns off: give one of them")
+        raise DocqaError("a reasoning effort asks for thinking, which --no-thinking turns off: give one of them")
     template = template or CHATML
     try:
         names = meta.find_undeclared_variables(_environment().parse(template))
@@ -106,19 +107,17 @@ def render_chat(template: str | None, messages: list[dict[str, str]], *,
         raise CheckpointError(f"the model's chat template failed: {e}") from None
 
 
-SLOT = "\u0000SLOT\u0000"  # a marker no document or question contains (NUL)
-
-
-def prompt_around_slot(tokenizer, messages: list[dict[str, str]], *, enable_thinking: bool | None = None,
-                       reasoning_effort: str | None = None) -> tuple[list[int], str]:
-    """The chat prompt of `messages` (one of which holds SLOT) cut at SLOT: the token ids before
-    it and the text after it. What comes before is the same whatever goes in the slot — a
-    document's prompt before its question — which is what prefix caches reuse."""
+def split_prompt(tokenizer, messages: list[dict[str, str]], slot: str, fill: str, *,
+                 enable_thinking: bool | None = None, reasoning_effort: str | None = None) -> tuple[list[int], list[int]]:
+    """A chat prompt as (prefix ids, rest ids), cut where `slot` stands in `messages` and with
+    `fill` in its place. The prefix is everything the template renders before the slot, the
+    same whatever the fill: what a per-document prefix cache stores (`ask --read-all` puts the
+    document before the slot and the question in it)."""
     text = render_chat(template_of(tokenizer), messages, bos_token=tokenizer.token_text(tokenizer.bos_id),
                        eos_token=tokenizer.token_text(tokenizer.eos_id), enable_thinking=enable_thinking,
                        reasoning_effort=reasoning_effort)
-    head, tail = text.split(SLOT)
-    return tokenizer.encode(head, add_bos=False), tail
+    head, tail = text.split(slot)
+    return tokenizer.encode(head, add_bos=False), tokenizer.encode(fill + tail, add_bos=False)
 
 
 def split_thinking(ids: list[int], tokenizer) -> tuple[str, str]:

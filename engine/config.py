@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import DocqaError
+
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "glm4", "glm4_moe", "glm4_moe_lite",
                    "glm_moe_dsa", "gemma3")
 GLM_ARCHS = ("glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa")  # engine/models/glm.py
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DocqaError):
     """A checkpoint that cannot be used; the message is one complete line for the user."""
 
 

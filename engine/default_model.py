@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 from .config import CheckpointError
+from .settings import cache_home, env_model
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -23,8 +23,7 @@ class DefaultModelMissing(CheckpointError):
 
 
 def _cache_file() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "docqa" / "model-sha256.json"
+    return cache_home() / "docqa" / "model-sha256.json"
 
 
 def file_sha256(path: Path) -> str:
@@ -68,7 +67,7 @@ def default_model_path() -> Path:
 def resolve_model_path(path: str | Path | None) -> Path:
     """An explicit path, else `DOCQA_MODEL`, else the verified default model."""
     if path is None:
-        path = os.environ.get("DOCQA_MODEL") or None
+        path = env_model()
     if path is None:
         return default_model_path()
     p = Path(path).expanduser()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..errors import DocqaError
+from .settings import env_device
 
-class DeviceError(ValueError):
-    pass
+
+class DeviceError(DocqaError):
+    """A device asked for that this machine or torch build does not have."""
 
 
 def resolve_device(choice: str | torch.device | None = None) -> torch.device:
@@ -17,7 +18,7 @@ def resolve_device(choice: str | torch.device | None = None) -> torch.device:
     who asked for the GPU should learn that it is not there."""
     if isinstance(choice, torch.device):
         return choice
-    choice = (choice or os.environ.get("DOCQA_DEVICE") or "auto").strip().lower()
+    choice = (choice or env_device() or "auto").strip().lower()
     if choice == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -53,8 +53,10 @@ def default_threads() -> int:
     1 thread gets its fair share (bench/results/cpu_contention.md). Threads also sleep rather
     than spin while they wait (OMP_WAIT_POLICY=PASSIVE, set in engine/__init__.py before torch
     loads), so our own waiting threads do not take time from the others either."""
-    if os.environ.get("DOCQA_THREADS"):
-        return max(1, int(os.environ["DOCQA_THREADS"]))
+    from .settings import env_threads
+
+    if env_threads() is not None:
+        return env_threads()
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -47,8 +47,9 @@ STALE_TMP_S = 3600
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "docqa" / "kv"
+    from .settings import cache_home
+
+    return cache_home() / "docqa" / "kv"
 
 
 def _ids_bytes(ids: Sequence[int]) -> bytes:

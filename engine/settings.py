@@ -1,14 +1,19 @@
-"""Engine settings that shape attention and the KV cache.
+"""Engine settings: those that shape attention and the KV cache, and the environment.
 
 Everything that changes what a cached key/value or descriptor means is part of `cache_key()`,
 so two runs under different settings never share prefix-cache segments.
+
+Every environment variable the engine reads (`DOCQA_MODEL`, `DOCQA_DEVICE`, `DOCQA_THREADS`,
+`XDG_CACHE_HOME`) is read by a function at the end of this module, and nowhere else.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 POSITION_SCHEMES = ("true", "packed", "inflm")
 
@@ -83,3 +88,28 @@ class EngineSettings:
         ):
             fields.pop(runtime_only)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- the environment: every DOCQA_* / XDG_* variable the engine reads is read here ---------
+
+
+def env_model() -> str | None:
+    """`DOCQA_MODEL`: the checkpoint `Engine.load(None)` loads (else the default model)."""
+    return os.environ.get("DOCQA_MODEL") or None
+
+
+def env_device() -> str | None:
+    """`DOCQA_DEVICE`: cpu, cuda, cuda:N or auto, when no device is given."""
+    return os.environ.get("DOCQA_DEVICE") or None
+
+
+def env_threads() -> int | None:
+    """`DOCQA_THREADS`: CPU threads for torch (at least 1); None: chosen from the load."""
+    value = os.environ.get("DOCQA_THREADS")
+    return max(1, int(value)) if value else None
+
+
+def cache_home() -> Path:
+    """`$XDG_CACHE_HOME` (else ~/.cache): the prefix cache's KV files and the default model's
+    checksum live under its `docqa/`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

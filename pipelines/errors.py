@@ -1,7 +1,10 @@
-"""Typed errors of the document pipelines; the CLI turns them into one line on stderr."""
+"""Typed errors of the document pipelines, under the one root (errors.py); the CLI turns
+them into one line on stderr."""
+
+from ..errors import DocqaError
 
 
-class IngestError(Exception):
+class IngestError(DocqaError):
     """A file that cannot be ingested. The message names the file and says why, in one line."""
 
     def __init__(self, path: str, reason: str):

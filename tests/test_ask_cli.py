@@ -86,14 +86,19 @@ def test_default_model_quotes_with_a_verified_citation(ingested):
 
 
 def test_abstain_margin_turns_a_quote_into_not_found_with_evidence(ingested):
-    """Asking for more confidence than the model has (log-odds 1000 of quoting over
-    abstaining) gives "Not found" with the ranked evidence, never a quote; the model's
-    margin is kept in the timings for audit."""
-    res = _ask(ingested, "--max-tokens", "24", "--budget", "600", "--abstain-margin", "1000")
+    """The margin is the model's first-step log-odds of quoting over abstaining: the same
+    prompt gives the same margin whatever the threshold. A threshold just below it lets the
+    model quote; one just above it gives "Not found" with the ranked evidence, never a quote."""
+    base = ("--max-tokens", "24", "--budget", "600")
+    free = _ask(ingested, *base, "--abstain-margin", "-1000")
+    margin = free["timings"]["quote_margin"]
+    quoted = [c for c in free["citations"] + ((free["draft"] or {}).get("citations") or []) if c["verified"]]
+    assert quoted  # below the model's margin it quotes (shown, or withheld by the subject check)
+    res = _ask(ingested, *base, "--abstain-margin", str(margin + 0.01))
+    assert res["timings"]["quote_margin"] == pytest.approx(margin, abs=1e-4)
     assert res["status"] == "not_found" and res["answer"] == "Not found in the document."
-    assert not [c for c in res["citations"] if c["verified"]]
+    assert not [c for c in res["citations"] if c["verified"]] and res["draft"] is None
     assert res["evidence"] and all(c["verified"] for c in res["evidence"])
-    assert res["timings"]["quote_margin"] < 1000
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from docqa.app.ask import AskSettings
+from docqa.app.service import AskSettings
 from docqa.app.chat import ChatSession, questions
 from docqa.app.cli import app
 from docqa.app.store import Store

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from docqa.app.cli import app
-from docqa.app.review import job_runs
+from docqa.app.jobs import job_runs
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
 

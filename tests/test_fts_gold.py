@@ -1,23 +1,16 @@
 """The store's own full-text search finds CUAD gold spans on their gold PDF pages (≥ 97%).
 
-The evaluation itself is bench/fts_gold.py (the same function, loaded from its file), so
-the test and the published figures cannot drift apart.
+The evaluation itself is bench/fts_gold.py (the same function, imported), so the test and
+the published figures cannot drift apart.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from docqa.app.store import Store
+from docqa.bench import fts_gold
 from docqa.pipelines.search import TOKENIZERS
-
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("fts_gold", ROOT / "bench" / "fts_gold.py")
-fts_gold = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fts_gold)
 
 FAST_CONTRACT = "pdf/contract_IBM_MSL_Outsourcing_Agreement.pdf"
 

@@ -10,6 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the reference extra is not installed")
 
 from docqa.engine.chat import render_chat, split_thinking  # noqa: E402
+from docqa.errors import DocqaError  # noqa: E402
 from docqa.engine.tokenizer import Tokenizer  # noqa: E402
 from docqa.pipelines.citations import parse_citations  # noqa: E402
 from test_glm import GLM_TEMPLATE, tiny_config, write_glm_tokenizer  # noqa: E402
@@ -33,7 +34,7 @@ def test_template_options_render_as_transformers(tmp_path, kw):
 
 
 def test_reasoning_effort_is_checked():
-    with pytest.raises(ValueError, match="low, medium, high"):
+    with pytest.raises(DocqaError, match="low, medium, high"):
         render_chat(GLM_TEMPLATE, CHAT, reasoning_effort="extreme")
 
 
@@ -143,7 +144,7 @@ def test_check_switches_on_templates_without_them():
         check_switches(r1, False, None)  # thinks (opens the block itself) with no way to stop it
     with pytest.raises(CheckpointError, match="no reasoning effort"):
         check_switches(CHATML, None, "low")
-    with pytest.raises(ValueError, match="give one of them"):
+    with pytest.raises(DocqaError, match="give one of them"):
         check_switches(EFFORT_TEMPLATE, False, "low")
     check_switches(EFFORT_TEMPLATE, True, "low")
 

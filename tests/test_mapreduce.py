@@ -6,6 +6,7 @@ import re
 import pytest
 
 from docqa.app.mapreduce import map_reduce
+from docqa.app.service import Runtime
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
 from docqa.pipelines.ingest import ingest_file
@@ -51,7 +52,7 @@ def store(tmp_path):
 def test_map_reduce_keeps_only_verified_quotes_grouped_by_section(store):
     s, doc = store
     gen = Scripted()
-    run = map_reduce(s, [doc.doc_id], QUESTION, generate=gen, model_name="scripted")
+    run = map_reduce(Runtime(s), [doc.doc_id], QUESTION, generate=gen, model_name="scripted")
     assert gen.calls == len(doc.segments)
     assert run.status == "answered" and run.kind == "mapreduce"
     assert FAKE.lower() not in run.answer.lower()
@@ -67,9 +68,9 @@ def test_map_reduce_keeps_only_verified_quotes_grouped_by_section(store):
 def test_interrupted_map_resumes_without_rereading(store):
     s, doc = store
     with pytest.raises(KeyboardInterrupt):
-        map_reduce(s, [doc.doc_id], QUESTION, generate=Scripted(fail_after=2), model_name="scripted")
+        map_reduce(Runtime(s), [doc.doc_id], QUESTION, generate=Scripted(fail_after=2), model_name="scripted")
     second = Scripted()
-    run = map_reduce(s, [doc.doc_id], QUESTION, generate=second, model_name="scripted")
+    run = map_reduce(Runtime(s), [doc.doc_id], QUESTION, generate=second, model_name="scripted")
     assert second.calls == len(doc.segments) - 2
     assert run.timings["resumed_segments"] == 2
     assert run.status == "answered"
@@ -77,5 +78,5 @@ def test_interrupted_map_resumes_without_rereading(store):
 
 def test_nothing_relevant_is_not_found(store):
     s, doc = store
-    run = map_reduce(s, [doc.doc_id], "What colour is the sky?", generate=lambda m: "NONE", model_name="scripted")
+    run = map_reduce(Runtime(s), [doc.doc_id], "What colour is the sky?", generate=lambda m: "NONE", model_name="scripted")
     assert run.status == "not_found" and not run.citations

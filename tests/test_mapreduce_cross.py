@@ -6,6 +6,7 @@ import re
 
 import pytest
 from docqa.app.mapreduce import map_reduce
+from docqa.app.service import Runtime
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import pdf_bytes
 from docqa.pipelines.conflicts import detect_cross_conflicts
@@ -75,7 +76,7 @@ def _conflict_lines(answer: str) -> list[str]:
 def test_disagreeing_documents_are_flagged_with_both_sides_cited(library):
     store, docs = library
     a, b = docs["master"], docs["conflicting"]
-    run = map_reduce(store, [a.doc_id, b.doc_id], QUESTION, generate=quote_every_line, model_name="scripted")
+    run = map_reduce(Runtime(store), [a.doc_id, b.doc_id], QUESTION, generate=quote_every_line, model_name="scripted")
     assert run.status == "answered"
     flags = _conflict_lines(run.answer)
     tag = f"[CONFLICT: {a.doc_id} vs {b.doc_id}]"
@@ -104,7 +105,7 @@ def test_disagreeing_documents_are_flagged_with_both_sides_cited(library):
 
 def test_agreeing_documents_are_not_flagged(library):
     store, docs = library
-    run = map_reduce(store, [docs["master"].doc_id, docs["agreeing"].doc_id], QUESTION,
+    run = map_reduce(Runtime(store), [docs["master"].doc_id, docs["agreeing"].doc_id], QUESTION,
                      generate=quote_every_line, model_name="scripted")
     assert run.status == "answered"
     assert "[CONFLICT" not in run.answer
@@ -137,7 +138,7 @@ def test_a_value_stated_in_both_documents_is_no_conflict(tmp_path):
 def test_three_documents_are_compared_pairwise(library):
     store, docs = library
     a, b, c = docs["master"], docs["conflicting"], docs["agreeing"]
-    run = map_reduce(store, [a.doc_id, b.doc_id, c.doc_id], QUESTION, generate=quote_every_line,
+    run = map_reduce(Runtime(store), [a.doc_id, b.doc_id, c.doc_id], QUESTION, generate=quote_every_line,
                      model_name="scripted")
     flags = _conflict_lines(run.answer)
     pairs = {tuple(re.match(r"\[CONFLICT: (\w+) vs (\w+)\]", ln).groups()) for ln in flags}

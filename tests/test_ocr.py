@@ -16,7 +16,7 @@ pytest.importorskip("tesserocr", reason="OCR extra not installed (pip install 'd
 pytest.importorskip("pypdfium2", reason="OCR extra not installed (pip install 'docqa[ocr]')")
 
 import docqa.fixtures as fx  # noqa: E402
-from docqa.app.ask import AskSettings, ask  # noqa: E402
+from docqa.app.service import AskSettings, Runtime, ask  # noqa: E402
 from docqa.app.cli import app  # noqa: E402
 from docqa.app.store import Store  # noqa: E402
 from docqa.fixtures.make_pdf import text_to_pages, write_sample_contract_pdf  # noqa: E402
@@ -82,7 +82,7 @@ def test_question_cites_the_ocr_page(sample_scan, tmp_path):
     with Store(db) as store:
         doc = build(load(pdf))
         store.add_document(doc)
-        run = ask(store, [doc.doc_id], "Can the customer terminate for convenience?",
+        run = ask(Runtime(store), [doc.doc_id], "Can the customer terminate for convenience?",
                   AskSettings(evidence_only=True))
         top = run.evidence[0]
         assert top.page == 2

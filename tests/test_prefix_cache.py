@@ -69,8 +69,12 @@ def test_second_question_prefills_only_the_question(tmp_path):
     l1, cached1, work1, _ = ask(model, cache, "doc-1", q1)
     assert cached1 == 0 and work1 == len(q1)
     l2, cached2, work2, _ = ask(model, cache, "doc-1", q2)
-    assert cached2 == 3 * SEG  # every full segment of the document part
-    assert work2 == len(q2) - 3 * SEG == 400 - 384 + 25
+    # What the two prompts share, counted here: the cache reuses every full segment of it
+    # (segments are its unit) and the model prefills exactly the rest, nothing twice.
+    shared = next(i for i, (a, b) in enumerate(zip(q1, q2)) if a != b)
+    assert shared >= len(doc) >= 2 * SEG  # the test reuses more than one segment
+    assert cached2 == shared // SEG * SEG
+    assert work2 == len(q2) - cached2
     assert rel_err(l1, dense_logits(model, q1)) < TOL
     assert rel_err(l2, dense_logits(model, q2)) < TOL
 

@@ -19,7 +19,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'docq
 from docqa.app.checklist import load_checklist  # noqa: E402
 from docqa.app.clikit import ingest_one  # noqa: E402
 from docqa.app.executor import ProcessExecutor, RayExecutor  # noqa: E402
-from docqa.app.review import job_runs, run_review  # noqa: E402
+from docqa.app.jobs import job_runs  # noqa: E402
+from docqa.app.review import run_review  # noqa: E402
 from docqa.app.store import Store  # noqa: E402
 from docqa.app.summarize import SummarizeSettings, summarize  # noqa: E402
 from docqa.pipelines.ingest import ingest_file  # noqa: E402

@@ -16,10 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 import docqa.fixtures as fx
-from docqa.app.ask import AskSettings
+from docqa.app.service import AskSettings
 from docqa.app.checklist import ChecklistError, load_checklist, parse_checklist
 from docqa.app.cli import app
-from docqa.app.review import JobError, job_runs, run_review
+from docqa.app.jobs import JobError, job_runs
+from docqa.app.review import run_review
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import text_to_pages, write_sample_contract_pdf
 from docqa.pipelines.conflicts import detect_conflicts

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 from typer.testing import CliRunner
 
-from docqa.app.ask import load_engine
+from docqa.app.service import Runtime
 from docqa.app.cli import app
 from docqa.app.remote import ModelServerError, RemoteModel
 from docqa.app.serve import ServedEngine, Server
@@ -29,7 +29,7 @@ MESSAGES = [{"role": "system", "content": "You answer in one short sentence."},
 
 @pytest.fixture(scope="module")
 def engine():
-    return load_engine(None)
+    return Runtime().engine(None).engine
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from docqa.app.ask import load_engine
+from docqa.app.service import Runtime
 from docqa.app.cli import app
 from docqa.app.store import Store
 from docqa.app.summarize import SummarizeSettings, _extractions, settings_key, summarize
@@ -23,7 +23,7 @@ from test_serve import serving
 
 @pytest.fixture(scope="module")
 def engine():
-    return load_engine(None)
+    return Runtime().engine(None).engine
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,234 @@
+"""The models `ask` answers with, as `Generate` functions (pipelines/qa.py): the embedded
+engine, or an OpenAI-compatible server (`openai:http://HOST:PORT/v1#MODEL`, app/remote.py).
+
+A server gives only text, not its logits, so quote-constrained decoding cannot run there: its
+answer is free text, and the same verification and support check decide what is shown.
+
+What an engine call produced beside its text (timings, token counts, the quote margin) is a
+typed `Generation`, kept on the `EngineGenerate` that made it (`last`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..pipelines.context import READ_ALL_PROMPT, document_for_model
+from ..pipelines.document import Document
+from ..pipelines.qa import Generate
+from ..pipelines.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
+from . import config
+from .errors import DocqaError
+from .remote import RemoteModel, is_remote
+
+if TYPE_CHECKING:  # the engine (torch) is imported where it is loaded, not here
+    from ..engine.generate import Engine, GenerationResult
+    from .config import AskSettings
+
+# Tokens a reasoning model may think before it answers (its think block is closed there): on
+# top of max_tokens, which stays the answer's own limit.
+THINK_TOKENS = 1024
+
+# on_progress(step, done, total): "retrieving", "loading model", "prefilling" (prompt tokens
+# done / total, after each chunk), "verifying" (generation is over); the CLI shows them.
+Progress = Callable[[str, int, int], None]
+
+
+class LoadedEngine:
+    """An engine with what answering keeps beside it: its vocabulary as text (for quote-
+    constrained decoding, built on first use) and its per-document prefix cache."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._token_table: TokenTable | None = None
+
+    @property
+    def token_table(self) -> TokenTable:
+        if self._token_table is None:
+            self._token_table = TokenTable.from_tokenizer(self.engine.tokenizer)
+        return self._token_table
+
+    @property
+    def prefix_cache(self):
+        return self.engine.prefix_cache
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One engine call: the engine's result (text, tokens, timings) and, under a quote plan,
+    the model's first-step margin of quoting over abstaining (None: no plan)."""
+
+    result: GenerationResult
+    quote_margin: float | None = None
+
+    def timings(self) -> dict[str, float]:
+        r = self.result
+        return {"prefill_s": r.prefill_s, "decode_s": r.decode_s, "prompt_tokens": float(r.prompt_tokens),
+                "generated_tokens": float(len(r.token_ids))}
+
+
+class EngineGenerate:
+    """The engine as a `Generate`; called with a `QuotePlan` too, it decodes under that plan.
+    The last call's `Generation` is `last`."""
+
+    def __init__(self, loaded: LoadedEngine, settings: AskSettings, on_token: Callable[[str], None] | None,
+                 on_progress: Progress | None = None):
+        self.loaded, self.settings, self.on_token, self.on_progress = loaded, settings, on_token, on_progress
+        self.last: Generation | None = None
+
+    def __call__(self, messages: list[dict[str, str]], plan: QuotePlan | None = None) -> str:
+        from ..engine.chat import ThinkFirst, ThinkingTracker, think_ids
+
+        engine, settings, on_token, on_progress = self.loaded.engine, self.settings, self.on_token, self.on_progress
+        system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        user = "\n\n".join(m["content"] for m in messages if m["role"] == "user")
+        ids = engine.chat_prompt(user, system=system, thinking=settings.thinking,
+                                 reasoning_effort=settings.reasoning_effort)
+        # A reasoning model thinks first (greedy, up to THINK_TOKENS), then answers under the
+        # quote plan or freely; its think block is neither streamed as the draft nor answered with.
+        thinks = think_ids(engine.tokenizer) is not None and settings.thinking is not False
+        limit = settings.max_tokens + (THINK_TOKENS if thinks else 0)
+        decoder = (QuoteDecoder(plan, self.loaded.token_table, max_tokens=limit,
+                                abstain_margin=settings.abstain_margin) if plan is not None else None)
+        choose = decoder
+        if thinks and (decoder is not None or settings.temperature == 0):
+            choose = ThinkFirst(decoder or (lambda logits, _out: int(logits.argmax())), engine.tokenizer, ids,
+                                budget=THINK_TOKENS)
+        thinking = ThinkingTracker(engine.tokenizer, ids)
+        result = engine.generate(
+            ids,
+            max_new_tokens=limit,
+            temperature=settings.temperature,
+            on_token=(lambda tok, delta: None if thinking(tok) else on_token(delta)) if on_token else None,
+            choose=choose,
+            on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None,
+        )
+        if on_progress:
+            on_progress("verifying", 0, 0)
+        self.last = Generation(result, decoder.quote_margin if decoder is not None else None)
+        return result.text
+
+
+def remote_generate(remote: RemoteModel, settings: AskSettings, on_token: Callable[[str], None] | None) -> Generate:
+    """A model server as a `Generate`: free text, streamed to `on_token`."""
+
+    def generate(messages: list[dict[str, str]], plan: QuotePlan | None = None) -> str:
+        if plan is not None:
+            raise DocqaError("a model server cannot decode under a quote plan (it sends text, not logits)")
+        return remote.chat(messages, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                           on_token=on_token)
+
+    return generate
+
+
+@dataclass
+class Model:
+    """A model ready to answer: a `Generate`, the name runs record, and what it can do."""
+
+    name: str
+    generate: Generate
+    count_tokens: Callable[[str], int] | None = None  # None: the context builder's estimate
+    engine: LoadedEngine | None = None  # the embedded engine; None for a model server
+    can_quote: bool = True  # quote-constrained decoding needs the model's logits
+    server: RemoteModel | None = None  # the model server, when it is one
+
+    def last_generation(self) -> Generation | None:
+        """The engine's last call, when this is the engine and it has generated."""
+        return self.generate.last if isinstance(self.generate, EngineGenerate) else None
+
+
+def check_thinking(settings: AskSettings) -> None:
+    """Fail at once (one line) when the model's chat template cannot honour --no-thinking /
+    --reasoning-effort, before a job loads the model or answers anything; reads only the
+    tokenizer."""
+    if settings.thinking is None and settings.reasoning_effort is None:
+        return
+    spec = config.model_spec(settings.model)
+    if is_remote(spec):
+        raise DocqaError("--no-thinking and --reasoning-effort set the embedded engine's chat template; "
+                         "a model server's thinking is configured on the server")
+    from ..engine.chat import check_switches, template_of
+    from ..engine.generate import Engine
+
+    check_switches(template_of(Engine.load_tokenizer(spec)), settings.thinking, settings.reasoning_effort)
+
+
+# -- `--read-all`: the whole document in the prompt, the question last ------------------
+
+_SLOT = "\u0000QUESTION\u0000"
+
+
+def read_all_messages(doc: Document, question: str) -> list[dict[str, str]]:
+    """The whole document, then the question last: everything before the question is the same
+    for every question on the document, which is what prefix caches reuse."""
+    return [{"role": "system", "content": READ_ALL_PROMPT},
+            {"role": "user", "content": document_for_model(doc) + "\n\nQuestion: " + question}]
+
+
+def read_all_remote(remote: RemoteModel, doc: Document, question: str, settings: AskSettings,
+                    on_token: Callable[[str], None] | None) -> tuple[str, dict]:
+    """`--read-all` through a model server: the document in one prompt. Servers that cache
+    prompt prefixes (`docqa serve` keeps the document's KV live and on disk, vLLM's automatic
+    prefix caching, llama-server's prompt cache) prefill only the question the next time."""
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def take(delta: str) -> None:
+        if not first:
+            first.append(time.perf_counter() - t0)
+        if on_token:
+            on_token(delta)
+
+    text = remote.chat(read_all_messages(doc, question), max_tokens=settings.max_tokens,
+                       temperature=settings.temperature, on_token=take)
+    return text, {"generate_s": time.perf_counter() - t0, **({"first_token_s": first[0]} if first else {})}
+
+
+def read_all_prompt(tok, doc: Document, question: str, settings: AskSettings) -> tuple[list[int], list[int], int]:
+    """`--read-all`'s prompt split where the question goes (engine/chat.py `split_prompt`): the
+    per-document prefix (system prompt + document) the prefix cache keeps, the rest, and how
+    many tokens may be generated."""
+    from ..engine.chat import split_prompt, think_ids
+
+    prefix_ids, rest_ids = split_prompt(tok, read_all_messages(doc, _SLOT), _SLOT, question,
+                                        enable_thinking=settings.thinking, reasoning_effort=settings.reasoning_effort)
+    thinks = think_ids(tok) is not None and settings.thinking is not False
+    return prefix_ids, rest_ids, settings.max_tokens + (THINK_TOKENS if thinks else 0)
+
+
+def read_all_prefetch(doc: Document, question: str, settings: AskSettings):
+    """For `Engine.load(prefetch=)`: the document's cached KV is read while the weights load."""
+
+    from ..engine.generate import Engine
+
+    def document(tok):
+        prefix_ids, rest_ids, max_new = read_all_prompt(tok, doc, question, settings)
+        return doc.content_sha256, prefix_ids, Engine.document_capacity(len(prefix_ids), len(rest_ids), max_new)
+
+    return document
+
+
+def read_all_engine(loaded: LoadedEngine, doc: Document, question: str, settings: AskSettings,
+                    on_token: Callable[[str], None] | None, on_progress: Progress | None = None) -> tuple[str, dict]:
+    """Generate over the whole document with the sparse engine, reusing the document's cached
+    KV: the part of the prompt before the question (system prompt + document) is the
+    per-document prefix, and only the rest is prefilled when the document was read before — by
+    this process or, through the disk tier, by another."""
+    from ..engine.chat import ThinkingTracker
+
+    engine = loaded.engine
+    tok = engine.tokenizer
+    prefix_ids, rest_ids, max_new = read_all_prompt(tok, doc, question, settings)
+    thinking = ThinkingTracker(tok, prefix_ids + rest_ids)
+    result, timings = engine.generate_on_document(
+        doc.content_sha256, prefix_ids, rest_ids, max_new,
+        temperature=settings.temperature,
+        on_token=(lambda t, delta: None if thinking(t) else on_token(delta)) if on_token else None,
+        on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None)
+    if on_progress:
+        on_progress("verifying", 0, 0)
+    if result.speculative:
+        timings["acceptance_length"] = result.speculative["acceptance_length"]
+    return result.text, timings

@@ -1,0 +1,175 @@
+"""The library service: `ask` a question of stored documents, on a `Runtime`.
+
+A `Runtime` is what answering runs on — the store and its documents (loaded once), and the
+engines loaded so far with their token tables and prefix caches — made once per process (a
+CLI command, a review worker, a chat session) and passed explicitly to `ask`, review items
+and map-reduce. Nothing here is cached at module level.
+
+`ask()`: retrieve, build the context, generate, verify, store — one function. The CLI, the
+review job runner and the TUI all call it; the only difference between them is how tokens
+are shown (`on_token`) and which job a run belongs to. The model is the embedded engine (a
+checkpoint path, `DOCQA_MODEL`, else the default model) or an OpenAI-compatible server
+(app/models.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+from ..pipelines.document import Document
+from ..pipelines.passages import Passage
+from ..pipelines.qa import answer_question, check_answer, evidence_citations
+from ..pipelines.retrieval import retrieve
+from . import config
+from .config import AskSettings
+from .errors import DocqaError
+from .models import (EngineGenerate, LoadedEngine, Model, Progress, check_thinking, read_all_engine,
+                     read_all_prefetch, read_all_remote, remote_generate)
+from .remote import RemoteModel, is_remote
+from .runs import Run, save_run
+from .store import Store
+
+
+# Passages retrieved per question: the context reads the first `AskSettings.passages`, the
+# evidence shows the best passage of each of the first `AskSettings.evidence` distinct pages.
+EVIDENCE_POOL = 40
+
+
+class Library:
+    """Documents and their passages loaded from the store once per process."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._docs: dict[str, Document] = {}
+        self._passages: dict[str, list[Passage]] = {}
+
+    def load(self, refs: list[str]) -> tuple[dict[str, Document], dict[str, list[Passage]]]:
+        ids = list(dict.fromkeys(self.store.resolve(r) for r in refs))
+        for did in ids:
+            if did not in self._docs:
+                self._docs[did] = self.store.get_document(did)
+                self._passages[did] = self.store.passages(did)
+        return {d: self._docs[d] for d in ids}, {d: self._passages[d] for d in ids}
+
+    def fts(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
+        hits = self.store.search("", doc_ids, limit, unit="passages", match=expression)
+        return [(h.doc_id, h.index, h.bm25) for h in hits]
+
+    def page_fts(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
+        hits = self.store.search("", doc_ids, limit, unit="pages", match=expression)
+        return [(h.doc_id, h.index, h.bm25) for h in hits]
+
+
+class Runtime:
+    """What answering runs on, passed explicitly: the store with its document cache (None on a
+    worker that never sees the database), and the engines loaded so far, each once, with its
+    token table and prefix cache (`LoadedEngine`)."""
+
+    def __init__(self, store: Store | None = None):
+        self.store = store
+        self.library = Library(store) if store is not None else None
+        self._engines: dict[tuple[str | None, str | None], LoadedEngine] = {}
+
+    def engine(self, model: str | None, device: str | None = None, prefetch=None) -> LoadedEngine:
+        """The engine for a checkpoint (None: the default model) on a device, loaded once.
+        `prefetch`: see `Engine.load` (a document whose cached KV to read while loading)."""
+        if (model, device) not in self._engines:
+            from ..engine.generate import Engine
+
+            self._engines[model, device] = LoadedEngine(Engine.load(model, device=device, prefetch=prefetch))
+        return self._engines[model, device]
+
+    def model(self, settings: AskSettings, on_token: Callable[[str], None] | None = None,
+              on_progress: Progress | None = None, prefetch=None) -> Model:
+        """The embedded engine or a model server, as `settings.model` (or `DOCQA_MODEL`) names it.
+        `prefetch`: see `Engine.load`."""
+        spec = config.model_spec(settings.model)
+        if is_remote(spec):
+            check_thinking(settings)
+            remote = RemoteModel.parse(spec).resolved()
+            return Model(remote.name, remote_generate(remote, settings, on_token), can_quote=False, server=remote)
+        loaded = self.engine(spec, settings.device, prefetch)
+        tokenizer = loaded.engine.tokenizer
+        return Model(str(loaded.engine.checkpoint.path), EngineGenerate(loaded, settings, on_token, on_progress),
+                     lambda text: len(tokenizer.encode(text, add_bos=False)), loaded)
+
+
+def ask(
+    runtime: Runtime,
+    refs: list[str],
+    question: str,
+    settings: AskSettings = AskSettings(),
+    *,
+    on_token: Callable[[str], None] | None = None,
+    on_progress: Progress | None = None,
+    query: str | None = None,
+    job_id: str | None = None,
+    item_id: str | None = None,
+    kind: str = "ask",
+) -> Run:
+    """Answer `question` over the documents `refs` in the runtime's store, and store the run.
+
+    `query`, when given, is what retrieval searches with instead of the question (a checklist
+    item's question plus its hints); the model and the stored run see the question itself."""
+    t0 = time.perf_counter()
+    if on_progress:
+        on_progress("retrieving", 0, 0)
+    library = runtime.library
+    docs, passages = library.load(refs)
+    # Enough passages that the evidence can show `settings.evidence` distinct pages; the
+    # context reads the first `settings.passages` of them.
+    ranked = retrieve(query or question, docs, passages, fts=library.fts, page_fts=library.page_fts,
+                      k=max(settings.passages, EVIDENCE_POOL))
+    t1 = time.perf_counter()
+    model = None
+    if not settings.evidence_only:
+        if on_progress:
+            on_progress("loading model", 0, 0)
+        read_one = settings.read_all and len(docs) == 1
+        model = runtime.model(settings, on_token, on_progress,
+                              prefetch=read_all_prefetch(*docs.values(), question, settings) if read_one else None)
+    t2 = time.perf_counter()
+    if settings.read_all and model is not None:
+        if len(docs) != 1:
+            raise DocqaError("--read-all reads one document; ask about several without it")
+        (doc,) = docs.values()
+        if model.engine is None:
+            raw, engine_timings = read_all_remote(model.server, doc, question, settings, on_token)
+        else:
+            raw, engine_timings = read_all_engine(model.engine, doc, question, settings, on_token, on_progress)
+        answer = answer_read_all(question, raw, docs, ranked, passages[doc.doc_id], settings)
+        answer.timings.update(engine_timings)
+    else:
+        answer = answer_question(
+            question, docs, ranked, model.generate if model else None,
+            budget_tokens=settings.budget_tokens, evidence_k=settings.evidence,
+            quote=settings.quote and (model is None or model.can_quote),
+            quote_from=settings.quote_from, read_k=settings.passages, support_check=settings.subject_check,
+            **({"count_tokens": model.count_tokens} if model and model.count_tokens else {}),
+        )
+    timings = dict(answer.timings, retrieve_s=t1 - t0, load_model_s=t2 - t1)
+    generation = model.last_generation() if model else None
+    if generation is not None and not settings.read_all:
+        timings.update(generation.timings())
+        if generation.result.speculative:  # MTP drafts ran (a free-text answer of a checkpoint with an MTP layer)
+            timings["acceptance_length"] = generation.result.speculative["acceptance_length"]
+        margin = generation.quote_margin
+        if margin is not None and math.isfinite(margin):  # kept for audit and for tuning the rule
+            timings["quote_margin"] = margin
+    timings["total_s"] = time.perf_counter() - t0
+    answer = answer.model_copy(update={"timings": timings})
+    return save_run(
+        runtime.store, answer, doc_ids=list(docs), model=model.name if model else None, settings=asdict(settings),
+        kind=kind, job_id=job_id, item_id=item_id,
+    )
+
+
+def answer_read_all(question: str, raw: str, docs: dict[str, Document], ranked: list[Passage],
+                    passages: list[Passage], settings: AskSettings):
+    """The answer step of `--read-all`: the model read the whole document, so its raw answer
+    is verified against all of the document's passages; the evidence is the ranked one."""
+    evidence = evidence_citations(docs, ranked, settings.evidence)
+    return check_answer(question, raw, docs, passages, evidence, withhold=settings.subject_check)
