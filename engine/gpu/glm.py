@@ -62,6 +62,7 @@ from ..models.mla import LATENT_NORM_EPS
 from ..models.moe import route
 from ..rope import inv_frequencies
 from ..settings import EngineSettings
+from .state import KVStateBase
 
 GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")
 INDEX_NORM_EPS = 1e-6  # the indexer's key LayerNorm (engine/models/mla.py)
@@ -131,43 +132,49 @@ class GlmLayer:
             self.shared_w13, self.shared_w2 = torch.cat([sg, su]), sd
 
 
-class GlmCudaState:
+class GlmCudaState(KVStateBase):
     """The KV state of `GlmCudaDecoder`: latents [L, capacity, R + P] (rope part rotated at its
-    true position) and, with DSA, the indexer keys [full layers, capacity, Di] (rotated).
-    `routed` (sparse settings, a model without an indexer): per block of `block_size` latents
-    their min / max / mean [L, capacity / block_size, R + P], which routing scores."""
+    true position) and, with DSA, the indexer keys [full layers, capacity, Di] (rotated). A model
+    without an indexer also keeps, per block of `block_size` latents, their min / max / mean
+    [L, capacity / block_size, R + P] in every attention mode (so a segment is the same whichever
+    state wrote it); `routed` (sparse settings) states route on them.
 
-    table = None  # every position has its own row (no tiers): engine.generate maps nothing
-    disk: tuple = ()
-    usage = None
+    Prefix-cache segments (`KVStateBase.export_segment` / `adopt`, engine/gpu/state.py): a
+    segment file holds the segment's latents as "k", its indexer keys as "v" ([1, size, 1] zeros
+    without DSA) and its blocks' descriptors, each as views of this state's rows."""
 
     def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, device: torch.device,
                  *, dsa: bool):
-        self.config, self.settings, self.device = config, settings, torch.device(device)
+        super().__init__(config, settings)
+        self.device = torch.device(device)
         self.dtype = DTYPES[settings.kv_dtype]
         self.dsa = dsa and config.dsa is not None
+        self.blocks = config.dsa is None
         # GLM-5 attends through its indexer, or densely as the benchmark's baseline (dsa=False)
-        self.routed = settings.attention == "sparse" and config.dsa is None
+        self.routed = self.blocks and settings.attention == "sparse"
         self.slots = {}
         if self.dsa:
             self.slots = {i: j for j, i in enumerate(i for i, k in enumerate(config.dsa.indexer_types) if k == "full")}
-        self.num_tokens = 0
-        self.decode_graph = None  # GraphedDecode over these buffers, made on first decode
-        self.layout = "glm-latent"  # not the prefix cache's segment layouts
+        self.layout = "glm-latent"  # what a prefix-cache segment of this state holds
         self._alloc(max(capacity, 1))
 
     def _alloc(self, capacity: int) -> None:
         c, m = self.config, self.config.mla
-        step = math.lcm(64, self.settings.block_size)
+        step = math.lcm(64, self.settings.block_size)  # whole blocks
         cap = -(-capacity // step) * step
         width = m.kv_lora_rank + m.qk_rope_head_dim
         self.kv = torch.zeros(c.n_layers, cap, width, dtype=self.dtype, device=self.device)
-        nb = cap // self.settings.block_size if self.routed else 0
+        nb = cap // self.settings.block_size if self.blocks else 0
         self.kmin, self.kmax, self.kmean = (torch.zeros(c.n_layers, nb, width, dtype=self.dtype, device=self.device)
                                             for _ in range(3))
-        self.ik = torch.zeros(len(self.slots), cap, c.dsa.head_dim if self.dsa else 1, dtype=self.dtype,
+        # one row of zeros per position without DSA: a segment file's tensors all have layers
+        self.ik = torch.zeros(max(1, len(self.slots)), cap, c.dsa.head_dim if self.dsa else 1, dtype=self.dtype,
                               device=self.device)
         self.rows = torch.arange(cap, dtype=torch.int32, device=self.device)
+
+    @property
+    def k(self) -> torch.Tensor:  # KVStateBase reads the device from it
+        return self.kv
 
     @property
     def capacity(self) -> int:
@@ -184,26 +191,21 @@ class GlmCudaState:
         old, m = (self.kv, self.ik, self.kmin, self.kmax, self.kmean), self.num_tokens
         self._alloc(max(n, 2 * self.capacity))
         self.kv[:, :m], self.ik[:, :m] = old[0][:, :m], old[1][:, :m]
-        nb = -(-m // self.settings.block_size)
+        nb = -(-m // self.settings.block_size) if self.blocks else 0
         for new, prev in zip((self.kmin, self.kmax, self.kmean), old[2:]):
             new[:, :nb] = prev[:, :nb]
         self.decode_graph = None
 
-    def commit(self, n: int) -> None:
-        self.num_tokens += n
+    def _segment_views(self, a: int) -> dict[str, torch.Tensor]:
+        size, b = self.settings.segment_size, self.settings.block_size
+        nb0, nb1 = (a // b, (a + size) // b) if self.blocks else (0, 0)
+        return {"k": self.kv[:, a:a + size], "v": self.ik[:, a:a + size], "kmin": self.kmin[:, nb0:nb1],
+                "kmax": self.kmax[:, nb0:nb1], "kmean": self.kmean[:, nb0:nb1]}
 
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self.num_tokens:
-            raise ValueError(f"cannot truncate {self.num_tokens} tokens to {n}")
-        self.num_tokens = n
-
-    # The prefix cache keeps a live state in the process, but does not yet write this layout's
-    # segments to disk: it skips a segment whose export raises ValueError, so none is adopted.
-    def export_segment(self, i: int):
-        raise ValueError("the CUDA GLM state's segments are not written to the prefix cache yet")
-
-    def adopt(self, segments) -> None:
-        raise ValueError("the CUDA GLM state cannot start from cached segments yet")
+    def adopt(self, segments, reader=None) -> int:
+        if segments:  # room first: growing later would leave the views being filled behind
+            self.reserve(segments[-1].start + segments[-1].size)
+        return super().adopt(segments, reader)
 
 
 class GlmCudaDecoder:
@@ -447,7 +449,7 @@ class GlmCudaDecoder:
         end = p0 + t
         a, b = self._project(ly, x, decode=False)
         kv.kv[i, p0:end] = self._latent(ly, a, rot)
-        if kv.routed:  # before routing: the chunk's own earlier blocks are candidates of its later queries
+        if kv.blocks:  # before routing: the chunk's own earlier blocks are candidates of its later queries
             store_latent_descriptors(kv.kv[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], p0, end, kv.settings.block_size)
         q_nope, q_rot, q_abs = self._queries(ly, b, rot)
         if kv.dsa and ly.full:
@@ -523,7 +525,7 @@ class GlmCudaDecoder:
             end = ((pos - s.window + s.block_size) // s.block_size).clamp_min(0)
         for i, ly in enumerate(self.layers):
             a, b = self._project(ly, x, decode=True)
-            if kv.routed:  # the row and its block's descriptors
+            if kv.blocks:  # the row and its block's descriptors
                 fused_latent_append(self._latent(ly, a, rot), kv.kv[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], pos,
                                     s.block_size)
             else:
