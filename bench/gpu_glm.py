@@ -7,10 +7,14 @@ does (engine/gpu/glm.py `GlmCudaDecoder`), and timed:
 (a) GLM-4.7-Flash shape (`glm4_moe_lite`, all 47 layers, the real config: hidden 2048, 20 heads,
     MLA kv_lora 512 / q_lora 768, 64 routed experts top-4 + 1 shared, 1536 per expert; the
     vocabulary is the tokenizer's): `docqa engine bench --context N` (`context_benchmark`:
-    prefill s, decode ms/token, first token of a 64-token question) at 32K and 128K, and HF
-    transformers (SDPA, same weights, in the same run, on the model object that wrote the
-    checkpoint) at 32K, as ratios. HF at 128K only with --hf-contexts (the issue's figure for it
-    is 19.0 s prefill, 283 ms/token).
+    prefill s, decode ms/token, first token of a 64-token question) at 32K and 128K under the
+    engine's sparse settings, what `ask --read-all` runs (routed attention on the MLA latent:
+    sinks + top-k blocks + window); dense MLA (`attention="dense"`) at --dense-contexts (32K:
+    cheap; 128K dense prefill is ~37 s); HF transformers (SDPA, same weights, in the same run, on
+    the model object that wrote the checkpoint) at 32K, as ratios. HF at 128K only with
+    --hf-contexts (the issue's figure for it is 19.0 s prefill, 283 ms/token). A check first:
+    routed attention with every block in budget gives dense MLA's logits (bf16, random tokens);
+    the default budget's distance from dense is reported beside it.
 (b) GLM-5 shape (`glm_moe_dsa`: hidden 6144, 64 heads, MLA 512/2048, indexer 32 x 128 heads with
     top-2048, every layer "full" as GLM-5's config says) reduced to a few layers (the first
     dense, 32 routed experts of GLM-5's width instead of 256: the per-token cost is the same top-8
@@ -281,6 +285,55 @@ def layer_figures(engine, n: int, dsa: bool, *, chunk: int, full_max: int, steps
     return out
 
 
+@torch.inference_mode()
+def routed_vs_dense(engine, n: int, tail: int = 64) -> dict:
+    """Logits of the last `tail` of n random tokens (prefilled in the engine's chunks) under dense
+    MLA, routed attention with every block in budget (must equal dense up to bf16 rounding:
+    raises when the cosine similarity is below 0.99), and the product's default budget."""
+    ids = torch.randint(0, engine.config.vocab, (n,), generator=torch.Generator().manual_seed(0)).to(engine.device)
+
+    def logits(settings):
+        state = engine.new_state(n + 8, settings)
+        engine.model.prefill(ids[:-tail], state, 0)
+        state.commit(n - tail)
+        return engine.model.prefill(ids[-tail:], state, n - tail, all_logits=True).float()
+
+    dense = logits(engine.sparse_settings(attention="dense"))
+    out = {"context": n, "tokens_compared": tail}
+    for name, settings in (("whole_budget", engine.sparse_settings(top_k=1 << 20)), ("default", engine.sparse_settings())):
+        got = logits(settings)
+        out[name] = {"cosine": torch.nn.functional.cosine_similarity(got.flatten(), dense.flatten(), dim=0).item(),
+                     "max_abs": (got - dense).abs().max().item(), "logit_std": dense.std().item(),
+                     "argmax_agree": (got.argmax(-1) == dense.argmax(-1)).float().mean().item()}
+        say(f"   routed ({name}) vs dense @ {n}: {out[name]}")
+    if out["whole_budget"]["cosine"] < 0.99:
+        raise RuntimeError(f"routed attention with every block in budget is not dense MLA: {out['whole_budget']}")
+    return out
+
+
+def dense_figures(engine, n: int, decode_tokens: int, question_tokens: int) -> dict:
+    """Dense MLA (`attention="dense"`) on the same path as `context_benchmark`: prefill s of n
+    tokens, then decode ms/token after a question (the graph captured by a first run)."""
+    from docqa.engine.generate import GREEDY_SYNC_EVERY, bench_prompt
+
+    dev = engine.device
+    ids = bench_prompt(engine.tokenizer, n + question_tokens)
+    state = engine.new_state(n + question_tokens + decode_tokens + 2 * GREEDY_SYNC_EVERY,
+                             engine.sparse_settings(attention="dense"))
+    engine.generate(ids[:min(n, 8192)], 4, state=state, stop_ids=())  # compiles outside the timings
+    state.truncate(0)
+    sync(dev)
+    t0 = time.perf_counter()
+    engine.prefill(ids[:n], state)
+    sync(dev)
+    out = {"context": n, "attention": "dense", "prefill_s": time.perf_counter() - t0}
+    engine.generate(ids[n:], 2 * GREEDY_SYNC_EVERY, state=state, stop_ids=())  # captures the decode graph
+    state.truncate(n)
+    res = engine.generate(ids[n:], decode_tokens, state=state, stop_ids=())
+    out["decode_ms"] = res.decode_s / max(len(res.token_ids) - 1, 1) * 1e3
+    return out
+
+
 def dump(path: str | None) -> None:
     """The results so far (after every stage: a run cut short by its time limit keeps them)."""
     if path:
@@ -308,6 +361,14 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
     engine = stage("flash: Engine.load", load_engine, ckpt, device)
     if engine is None:
         return
+    r["routed_vs_dense"] = stage(f"flash: routed vs dense MLA logits @ {a.check_context}", routed_vs_dense, engine,
+                                 a.check_context)
+    for n in a.dense_contexts:
+        res = stage(f"flash: dense MLA @ {n}", dense_figures, engine, n, a.decode_tokens, a.question_tokens)
+        r[f"dense_{n}"] = res
+        if res:
+            say(f"   dense MLA @ {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms']:.2f} ms/token")
+        dump(a.json)
     for n in a.contexts:
         res = stage(f"flash: engine bench --context {n}", context_benchmark, engine, n,
                     question_tokens=a.question_tokens, decode_tokens=a.decode_tokens, say=say)
@@ -315,6 +376,11 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
         if res:
             say(f"   {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms']:.2f} ms/token "
                 f"(graph step {res['decode_graph_ms'] or 0:.2f} ms), first token {res['first_token_s'] * 1e3:.1f} ms")
+            dense = r.get(f"dense_{n}")
+            if dense:
+                r[f"sparse_vs_dense_{n}"] = {"prefill_speedup": ratio(dense["prefill_s"], res["prefill_s"]),
+                                             "decode_speedup": ratio(dense["decode_ms"], res["decode_ms"])}
+                say(f"   sparse vs dense MLA @ {n}: {r[f'sparse_vs_dense_{n}']}")
             hf = (r.get("hf") or {}).get(str(n)) or {}
             if "prefill_s" in hf:
                 r[f"vs_hf_{n}"] = {"prefill_speedup": ratio(hf["prefill_s"], res["prefill_s"]),
@@ -369,6 +435,10 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
     ap.add_argument("--parts", nargs="+", default=["flash", "glm5"], choices=["flash", "glm5"])
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072], help="GLM-4.7-Flash contexts")
+    ap.add_argument("--dense-contexts", type=int, nargs="*", default=[32768],
+                    help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
+    ap.add_argument("--check-context", type=int, default=8192,
+                    help="context of the routed-vs-dense logits check on the GLM-4.7-Flash shape")
     ap.add_argument("--hf-contexts", type=int, nargs="*", default=[32768],
                     help="HF transformers contexts on the GLM-4.7-Flash shape (none: skip HF)")
     ap.add_argument("--dsa-contexts", type=int, nargs="+", default=[131072, 1048576])
@@ -388,7 +458,7 @@ def main() -> None:
     a.flash_shape, a.glm5_shape = dict(FLASH), dict(GLM5, num_hidden_layers=a.glm5_layers)
     if a.smoke:
         a.flash_shape, a.glm5_shape = dict(SMOKE_FLASH), dict(SMOKE_GLM5)
-        a.contexts, a.hf_contexts, a.dsa_contexts = [80], [80], [48, 96]
+        a.contexts, a.hf_contexts, a.dsa_contexts, a.dense_contexts, a.check_context = [80], [80], [48, 96], [80], 80
         a.chunk, a.full_prefill_max, a.decode_steps, a.question_tokens, a.decode_tokens = 32, 48, 2, 8, 4
     from docqa.kernels.gpu import device_summary, has_cuda
 

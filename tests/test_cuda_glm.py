@@ -66,6 +66,32 @@ def test_moe_gemvs_match_reference():
     close(act[0], torch.nn.functional.silu(gate) * up)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_prefill_matches_per_token_reference(dtype):
+    """The grouped prefill MoE (tokens sorted by expert, one grouped GEMM per projection; on CUDA
+    bf16 torch._grouped_mm, fp32 a GEMM per expert) against each token's experts run one by one
+    through the decode references, with experts nobody picked and one picked by every token."""
+    from docqa.kernels.moe import naive_moe_down, naive_moe_gate_up
+    from docqa.kernels.moe.grouped import moe_prefill
+
+    g = torch.Generator().manual_seed(5)
+    t, h, i, e, k = 37, 64, 48, 9, 3
+    x = torch.randn(t, h, generator=g)
+    w13 = torch.randn(e, 2 * i, h, generator=g) * 0.2
+    w2 = torch.randn(e, h, i, generator=g) * 0.2
+    ids = torch.stack([torch.randperm(e - 3, generator=g)[:k] for _ in range(t)])  # experts 6, 7 idle
+    ids = torch.cat((ids, torch.full((t, 1), e - 1)), dim=1)  # expert 8: every token (a shared one)
+    wts = torch.rand(t, k + 1, generator=g)
+    res = torch.randn(t, h, generator=g)
+    want = torch.cat([naive_moe_down(naive_moe_gate_up(x[j:j + 1], w13, ids[j]), w2, ids[j], wts[j], res[j:j + 1])
+                      for j in range(t)])
+    dev = [a.to(DEV, dtype) for a in (x, w13, w2, res)]
+    got = moe_prefill(dev[0], dev[1], dev[2], ids.to(DEV), wts.to(DEV), dev[3])
+    assert got.data_ptr() == dev[3].data_ptr()  # in place on the residual stream
+    scale = want.abs().max().item()
+    close(got, want, (1e-4 if dtype == torch.float32 else 2e-2) * scale)
+
+
 @pytest.mark.parametrize("length", [1, 45, 150])
 def test_mla_decode_matches_reference(length):
     from docqa.kernels.mla_decode import fused_mla_decode, naive_mla_decode
@@ -167,3 +193,104 @@ def test_dense_mla_baseline_is_exact_attention(tmp_path):
     cfg = dataclasses.replace(ckpt.config, dsa=dataclasses.replace(ckpt.config.dsa, topk=10_000))
     close(dense, cpu(ids, MLAKVState(cfg, cpu.rope)))
     assert (dense.cpu() - hf_logits(ref, ids)).abs().max().item() > 100 * TOL
+
+
+# --- GLM-4.7-Flash under the engine's sparse settings: routed attention on the latent ----------
+
+def routed_settings(engine, **over):
+    """Sparse settings scaled to a 60-token context: blocks of 8, a window of 8, 2 sinks, routing
+    chunks of 8 queries with the last 3 on their own; prefill chunks of 24."""
+    return engine.sparse_settings(**{**dict(block_size=8, window=8, sink_tokens=2, route_chunk=8, route_tail=3,
+                                            chunk_size=24, top_k=64), **over})
+
+
+def test_cuda_glm_routed_with_the_whole_context_in_budget_matches_hf(tmp_path):
+    """With top_k above the number of blocks every candidate is read: sinks + blocks + window is
+    the whole causal context, so chunked prefill and graphed decode give HF's (dense) logits."""
+    ref = make_tiny_glm(tmp_path, "glm4_moe_lite")
+    engine = glm_engine(tmp_path)
+    ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(8))
+    want = hf_logits(ref, ids)
+    state = engine.new_state(8, routed_settings(engine))
+    assert state.routed
+    got = engine.model.prefill(ids[:56].to(DEV), state, 0, all_logits=True)
+    state.commit(56)
+    close(got, want[:56])
+    close(decode_logits(engine, state, ids[56:60].tolist()), want[56:60])
+
+
+def test_cuda_glm_routed_small_budget_matches_reference_of_the_same_selection(tmp_path, monkeypatch):
+    """One routed block per routing chunk (far below the context): the logits leave HF's, and
+    equal the same decoder with block scoring and attention done by the PyTorch references
+    (kernels/mla_sparse naive_*), so the kernels route and attend as the references would."""
+    from docqa.engine.gpu import glm
+    from docqa.kernels.mla_sparse import naive_mla_block_scores, naive_mla_routed_attention
+
+    ref = make_tiny_glm(tmp_path, "glm4_moe_lite")
+    engine = glm_engine(tmp_path)
+    ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(9))
+    settings = routed_settings(engine, top_k=1)
+
+    def run():
+        state = engine.new_state(8, settings)
+        out = engine.model.prefill(ids[:56].to(DEV), state, 0, all_logits=True)
+        state.commit(56)
+        return torch.cat((out.cpu(), decode_logits(engine, state, ids[56:58].tolist()).cpu()))
+
+    got = run()
+    assert (got - hf_logits(ref, ids)[:58]).abs().max().item() > 100 * TOL
+
+    def scores(q, kmin, kmax, kmean, method, chunk, q0, first, window, b, *, end=None):
+        if end is not None:  # decode: a position whose window starts the candidates' end there
+            q0 = int(end) * b + window - b
+        return naive_mla_block_scores(q, kmin, kmax, kmean, method, chunk, q0, first, window, b).to(q.device)
+
+    def attention(q, lat, q0, blocks, chunk, b, sinks, window, r, scale, out):
+        out.copy_(naive_mla_routed_attention(q, lat, q0, blocks, chunk, b, sinks, window, r, scale))
+        return out
+
+    def decode(q, lat, length, r, scale, indices=None, *, routed):
+        blocks, sinks, window, b = routed
+        return naive_mla_routed_attention(q, lat, int(length) - 1, blocks, 1, b, sinks, window, r, scale)
+
+    monkeypatch.setattr(glm, "fused_mla_block_scores", scores)
+    monkeypatch.setattr(glm, "fused_mla_routed_attention", attention)
+    monkeypatch.setattr(glm, "fused_mla_decode", decode)
+    close(got, run())
+
+
+# GLM-5's variant (indexer keys in the files too) takes ~75 s under the interpreter
+@pytest.mark.parametrize("kind", ["glm4_moe_lite", pytest.param("glm_moe_dsa", marks=pytest.mark.slow)])
+def test_cuda_glm_prefix_cache_segments_from_files_equal_a_fresh_prefill(tmp_path, kind):
+    """A document's segments saved by one prefix cache (latents, indexer keys, block descriptors)
+    and adopted from their files by another (a new process: nothing live) continue exactly as a
+    fresh prefill of the whole prompt: the same state rows and the same logits, prefill and
+    decode."""
+    from docqa.engine.prefix_cache import PrefixCache
+
+    make_tiny_glm(tmp_path / "m", kind)
+    engine = glm_engine(tmp_path / "m")
+    settings = routed_settings(engine, top_k=1, segment_size=16)
+    ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(10)).tolist()
+
+    first = PrefixCache.for_engine(engine, settings, cache_dir=tmp_path / "kv")
+    state, cached = first.get_state("doc", ids[:50])
+    assert cached == 0
+    engine.prefill(ids[:50], state)
+    assert first.save("doc", ids[:50], state) == 3  # three full segments of 16
+    first.flush()
+
+    second = PrefixCache.for_engine(engine, settings, cache_dir=tmp_path / "kv")
+    state, cached = second.get_state("doc", ids[:56])
+    assert cached == 48 and second.hits_disk == 3 and second.hits_live == 0
+    got = engine.prefill(ids[48:56], state, all_logits=True)
+    fresh = engine.new_state(64, settings)
+    want = engine.prefill(ids[:56], fresh, all_logits=True)[48:]
+    close(got, want, 1e-5)
+    held = ["kv", "ik"] if kind == "glm_moe_dsa" else ["kv", "kmin", "kmax", "kmean"]
+    for name in held:
+        a, b = getattr(state, name), getattr(fresh, name)
+        n = 56 if name in ("kv", "ik") else 7  # rows, blocks of 8
+        assert a.shape[0] and a.shape[2]
+        close(a[:, :n], b[:, :n], 1e-5)
+    close(decode_logits(engine, state, ids[56:57]), decode_logits(engine, fresh, ids[56:57]), 1e-5)  # a step on it

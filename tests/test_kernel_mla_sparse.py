@@ -78,3 +78,129 @@ def test_row_with_nothing_selected_is_zero():
     idx = torch.tensor([[3, 5, -1], [-1, -1, -1]])
     got = fused_mla_sparse_attention(q.to(DEVICE), lat.to(DEVICE), idx.to(DEVICE), 32, 0.2).cpu()
     assert torch.equal(got[1], torch.zeros(4, 32)) and got[0].abs().sum() > 0
+
+
+# --- routed (block-sparse) attention on the latent: sinks + top-k blocks + window --------------
+
+def _dense_causal(q, lat, q0, r, scale):
+    """Plain causal softmax attention of q [T, H, W] at q0.. over lat [S, W] (values lat[:, :r])."""
+    t = q.shape[0]
+    s = torch.einsum("thd,sd->ths", q.double(), lat.double()) * scale
+    causal = torch.arange(lat.shape[0])[None, :] <= torch.arange(q0, q0 + t)[:, None]
+    return torch.einsum("ths,sr->thr", s.masked_fill(~causal[:, None], float("-inf")).softmax(-1),
+                        lat[:, :r].double())
+
+
+def test_latent_descriptors_prefill_and_decode_append():
+    """Descriptors kept by chunked prefill (a partial block continued) and by decode appends equal
+    min / max / mean over each block's rows, computed from scratch."""
+    from docqa.kernels.mla_sparse import fused_latent_append, naive_latent_descriptors, store_latent_descriptors
+
+    g = torch.Generator().manual_seed(3)
+    cap, w, b = 64, 40, 16
+    rows = torch.randn(cap, w, generator=g)
+    lat = torch.full((cap, w), 7.0)  # stale rows past the end must not count
+    d = [torch.zeros(cap // b, w) for _ in range(3)]
+    for a, e in ((0, 21), (21, 37)):
+        lat[a:e] = rows[a:e]
+        store_latent_descriptors(lat, *d, a, e, b)
+    lat, d = lat.to(DEVICE), [x.to(DEVICE) for x in d]
+    for p in range(37, 50):
+        fused_latent_append(rows[p:p + 1].to(DEVICE), lat, *d, torch.tensor([p], dtype=torch.int32, device=DEVICE), b)
+    want = naive_latent_descriptors(rows[:50], b)
+    for got, ref in zip(d, want):
+        assert torch.allclose(got[:4].cpu(), ref, atol=1e-6)
+    assert torch.equal(lat[:50].cpu(), rows[:50])
+
+
+@pytest.mark.parametrize("method", ["mean", "minmax"])
+def test_mla_block_scores(method):
+    """Per routing chunk: max over its queries and heads, -inf outside its candidates; and one
+    decode query with the candidates' end on the device."""
+    from docqa.kernels.mla_sparse import fused_mla_block_scores, naive_latent_descriptors, naive_mla_block_scores
+
+    g = torch.Generator().manual_seed(11)
+    t, h, r, p, b, q0, win = 21, 5, 40, 8, 8, 60, 12
+    lat = torch.randn(q0 + t, r + p, generator=g)
+    q = torch.randn(t, h, r + p, generator=g)
+    desc = naive_latent_descriptors(lat, b)
+    want = naive_mla_block_scores(q, *desc, method, 8, q0, 1, win, b)
+    got = fused_mla_block_scores(q.to(DEVICE), *[x.to(DEVICE) for x in desc], method, 8, q0, 1, win, b).cpu()
+    assert got.shape == want.shape == (3, desc[0].shape[0])
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert fin.sum() > 10 and torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+    # decode: candidates first .. end-1 with end = first block the window of position 70 covers
+    end = torch.tensor([(70 - win + b) // b], device=DEVICE)
+    got = fused_mla_block_scores(q[:1].to(DEVICE), *[x.to(DEVICE) for x in desc], method, 1, 70, 1, win, b,
+                                 end=end).cpu()
+    want = naive_mla_block_scores(q[:1], *desc, method, 1, 70, 1, win, b)
+    fin = torch.isfinite(want)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and torch.allclose(got[fin], want[fin], atol=1e-5)
+
+
+def _random_blocks(n_c, k, nb, g):
+    rows = [torch.randperm(nb, generator=g)[:k] for _ in range(n_c)]
+    blocks = torch.stack(rows)
+    blocks[0, -1] = -1  # a chunk with a free slot
+    return blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t, h, r, p, q0, chunk, b, sinks, win", [
+    (19, 5, 40, 8, 70, 8, 8, 3, 12),  # chunks of 8 queries, a ragged last one; blocks overlap windows
+    (6, 20, 32, 16, 100, 16, 16, 20, 16),  # sinks past a block, 20 heads: rows of a program span queries
+])
+def test_mla_routed_attention_matches_reference(t, h, r, p, q0, chunk, b, sinks, win, dtype):
+    from docqa.kernels.mla_sparse import fused_mla_routed_attention, naive_mla_routed_attention
+
+    g = torch.Generator().manual_seed(t + h)
+    lat = torch.randn(q0 + t + 5, r + p, generator=g).to(dtype)  # rows past the chunk are never read
+    q = torch.randn(t, h, r + p, generator=g).to(dtype)
+    nb = -(-(q0 + t) // b)
+    blocks = _random_blocks(-(-t // chunk), 3, nb, g)
+    scale = (r + p) ** -0.5
+    want = naive_mla_routed_attention(q.float(), lat.float(), q0, blocks, chunk, b, sinks, win, r, scale)
+    got = fused_mla_routed_attention(q.to(DEVICE), lat.to(DEVICE), q0, blocks.to(DEVICE), chunk, b, sinks, win, r,
+                                     scale).cpu()
+    assert got.dtype == dtype
+    assert rel_err(got.float(), want) < TOL[dtype]
+
+
+def test_mla_routed_attention_with_every_candidate_is_dense():
+    """Every block selected: exact causal attention (reference and kernel), though each key comes
+    from one of three sets (sinks, blocks, window) and blocks overlap sinks and windows."""
+    from docqa.kernels.mla_sparse import fused_mla_routed_attention, naive_mla_routed_attention
+
+    g = torch.Generator().manual_seed(1)
+    t, h, r, p, q0, chunk, b, sinks, win = 13, 4, 24, 8, 40, 5, 8, 3, 9
+    lat, q = torch.randn(q0 + t, r + p, generator=g), torch.randn(t, h, r + p, generator=g)
+    nb = -(-(q0 + t) // b)
+    blocks = torch.arange(nb).expand(-(-t // chunk), -1)
+    want = _dense_causal(q, lat, q0, r, 0.3)
+    assert rel_err(naive_mla_routed_attention(q, lat, q0, blocks, chunk, b, sinks, win, r, 0.3), want) < 1e-6
+    got = fused_mla_routed_attention(q.to(DEVICE), lat.to(DEVICE), q0, blocks.to(DEVICE), chunk, b, sinks, win, r, 0.3)
+    assert rel_err(got.cpu(), want) < 1e-5
+
+
+# bf16 on the GPU only: the kernel's bf16 dots are tensor-core dots, which the interpreter does not emulate
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    DEVICE == "cpu", reason="bf16 tensor-core dots need the GPU"))])
+@pytest.mark.parametrize("pos", [2, 30, 150])
+def test_mla_routed_decode_matches_reference(pos, dtype):
+    """kernels/mla_decode's split-K kernel over sinks + routed blocks + window (one query at pos;
+    early positions: window before 0, blocks inside the window or past pos), as the reference."""
+    from docqa.kernels.mla_decode import fused_mla_decode
+    from docqa.kernels.mla_sparse import naive_mla_routed_attention
+
+    g = torch.Generator().manual_seed(pos)
+    h, r, p, b, sinks, win = 20, 32, 16, 16, 4, 24
+    lat = torch.randn(176, r + p, generator=g).to(dtype)
+    q = torch.randn(1, h, r + p, generator=g).to(dtype)
+    blocks = torch.tensor([[9, 0, -1, 3, 1]])
+    want = naive_mla_routed_attention(q.float(), lat.float(), pos, blocks, 1, b, sinks, win, r, 0.2)
+    n = torch.tensor([pos + 1], dtype=torch.int32, device=DEVICE)
+    for splits in (None, 3):
+        got = fused_mla_decode(q.to(DEVICE), lat.to(DEVICE), n, r, 0.2, routed=(blocks.to(DEVICE), sinks, win, b),
+                               splits=splits).cpu()
+        assert rel_err(got.float(), want) < TOL[dtype]

@@ -15,13 +15,20 @@ layers, the indexer key. Per layer:
   output: kernels/mla_decode (dense decode: every cached token; DSA decode and prefill: each query's
   top-k), dense prefill by SDPA (flash) over keys and values expanded from the latents for
   that chunk (absorbed dense prefill would do ~2x the FLOPs);
+- the engine's sparse settings on a model without an indexer (GLM-4.7-Flash under
+  `Engine.sparse_settings()`, what `--read-all` runs): routed attention on the latent
+  (kernels/mla_sparse triton_mla_routed.py) — per-block latent descriptors, block scores of the
+  absorbed queries per routing chunk, top-k blocks, attention over sinks + blocks + window for
+  prefill chunks, and the same three sets at decode (kernels/mla_decode `routed=`). Linear in
+  the context: dense MLA prefill is quadratic (28 s of the 37 s at 128K on the H200). Dense
+  settings keep dense MLA; GLM-5 keeps its indexer;
 - DSA: the indexer scores every cached token (kernels/dsa_index in prefill; a matmul and
   torch.topk over the whole capacity at decode, static shapes), "shared" layers reuse the
   indices of the "full" layer before them (IndexShare);
 - MoE: the model's own gate (engine/models/moe.py `route`: sigmoid, correction bias,
   group-limited top-k, routed scaling); decode runs the chosen experts by id with the shared
-  expert stacked as one more (kernels/moe), prefill sorts the chunk's tokens by expert and runs
-  one GEMM per expert.
+  expert stacked as one more (kernels/moe), prefill sorts the chunk's (token, expert) pairs by
+  expert and runs one grouped GEMM per projection (kernels/moe/grouped.py: no host sync).
 
 Decode has no host synchronisation: `capture_decode` captures it as a CUDA graph
 (engine/gpu/model.py `GraphedDecode`), the position in a device tensor.
@@ -29,16 +36,25 @@ Decode has no host synchronisation: `capture_decode` captures it as a CUDA graph
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from ...kernels.attention.triton_topk import fused_decode_topk
 from ...kernels.dsa_index import fused_index_scores, fused_index_topk
 from ...kernels.linear.triton_gemv import fused_gemv
 from ...kernels.mla_decode import fused_mla_decode
+from ...kernels.mla_sparse import (
+    fused_latent_append,
+    fused_mla_block_scores,
+    fused_mla_routed_attention,
+    store_latent_descriptors,
+)
 from ...kernels.moe import fused_moe_down, fused_moe_gate_up
+from ...kernels.moe.grouped import moe_prefill
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.sampling.triton_argmax import fused_argmax
 from ..config import ModelConfig
@@ -47,6 +63,7 @@ from ..models.mla import LATENT_NORM_EPS
 from ..models.moe import route
 from ..rope import inv_frequencies
 from ..settings import EngineSettings
+from .state import KVStateBase
 
 GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")
 INDEX_NORM_EPS = 1e-6  # the indexer's key LayerNorm (engine/models/mla.py)
@@ -116,68 +133,80 @@ class GlmLayer:
             self.shared_w13, self.shared_w2 = torch.cat([sg, su]), sd
 
 
-class GlmCudaState:
+class GlmCudaState(KVStateBase):
     """The KV state of `GlmCudaDecoder`: latents [L, capacity, R + P] (rope part rotated at its
-    true position) and, with DSA, the indexer keys [full layers, capacity, Di] (rotated)."""
+    true position) and, with DSA, the indexer keys [full layers, capacity, Di] (rotated). A model
+    without an indexer also keeps, per block of `block_size` latents, their min / max / mean
+    [L, capacity / block_size, R + P] in every attention mode (so a segment is the same whichever
+    state wrote it); `routed` (sparse settings) states route on them.
 
-    table = None  # every position has its own row (no tiers): engine.generate maps nothing
-    disk: tuple = ()
-    usage = None
+    Prefix-cache segments (`KVStateBase.export_segment` / `adopt`, engine/gpu/state.py): a
+    segment file holds the segment's latents as "k", its indexer keys as "v" ([1, size, 1] zeros
+    without DSA) and its blocks' descriptors, each as views of this state's rows."""
 
     def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, device: torch.device,
                  *, dsa: bool):
-        self.config, self.settings, self.device = config, settings, torch.device(device)
+        super().__init__(config, settings)
+        self.device = torch.device(device)
         self.dtype = DTYPES[settings.kv_dtype]
         self.dsa = dsa and config.dsa is not None
+        self.blocks = config.dsa is None
+        # GLM-5 attends through its indexer, or densely as the benchmark's baseline (dsa=False)
+        self.routed = self.blocks and settings.attention == "sparse"
         self.slots = {}
         if self.dsa:
             self.slots = {i: j for j, i in enumerate(i for i, k in enumerate(config.dsa.indexer_types) if k == "full")}
-        self.num_tokens = 0
-        self.decode_graph = None  # GraphedDecode over these buffers, made on first decode
-        self.layout = "glm-latent"  # not the prefix cache's segment layouts
+        self.layout = "glm-latent"  # what a prefix-cache segment of this state holds
         self._alloc(max(capacity, 1))
 
     def _alloc(self, capacity: int) -> None:
         c, m = self.config, self.config.mla
-        cap = -(-capacity // 64) * 64
-        self.kv = torch.zeros(c.n_layers, cap, m.kv_lora_rank + m.qk_rope_head_dim, dtype=self.dtype,
-                              device=self.device)
-        self.ik = torch.zeros(len(self.slots), cap, c.dsa.head_dim if self.dsa else 1, dtype=self.dtype,
+        step = math.lcm(64, self.settings.block_size)  # whole blocks
+        cap = -(-capacity // step) * step
+        width = m.kv_lora_rank + m.qk_rope_head_dim
+        self.kv = torch.zeros(c.n_layers, cap, width, dtype=self.dtype, device=self.device)
+        nb = cap // self.settings.block_size if self.blocks else 0
+        self.kmin, self.kmax, self.kmean = (torch.zeros(c.n_layers, nb, width, dtype=self.dtype, device=self.device)
+                                            for _ in range(3))
+        # one row of zeros per position without DSA: a segment file's tensors all have layers
+        self.ik = torch.zeros(max(1, len(self.slots)), cap, c.dsa.head_dim if self.dsa else 1, dtype=self.dtype,
                               device=self.device)
         self.rows = torch.arange(cap, dtype=torch.int32, device=self.device)
+
+    @property
+    def k(self) -> torch.Tensor:  # KVStateBase reads the device from it
+        return self.kv
 
     @property
     def capacity(self) -> int:
         return self.kv.shape[1]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.kv, self.ik))
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.ik, self.kmin, self.kmax, self.kmean))
 
     def reserve(self, n: int) -> None:
         """Room for n tokens (grows by doubling, keeping what is stored; a captured decode graph
         points at the old buffers, so it is dropped)."""
         if n <= self.capacity:
             return
-        old_kv, old_ik, m = self.kv, self.ik, self.num_tokens
+        old, m = (self.kv, self.ik, self.kmin, self.kmax, self.kmean), self.num_tokens
         self._alloc(max(n, 2 * self.capacity))
-        self.kv[:, :m], self.ik[:, :m] = old_kv[:, :m], old_ik[:, :m]
+        self.kv[:, :m], self.ik[:, :m] = old[0][:, :m], old[1][:, :m]
+        nb = -(-m // self.settings.block_size) if self.blocks else 0
+        for new, prev in zip((self.kmin, self.kmax, self.kmean), old[2:]):
+            new[:, :nb] = prev[:, :nb]
         self.decode_graph = None
 
-    def commit(self, n: int) -> None:
-        self.num_tokens += n
+    def _segment_views(self, a: int) -> dict[str, torch.Tensor]:
+        size, b = self.settings.segment_size, self.settings.block_size
+        nb0, nb1 = (a // b, (a + size) // b) if self.blocks else (0, 0)
+        return {"k": self.kv[:, a:a + size], "v": self.ik[:, a:a + size], "kmin": self.kmin[:, nb0:nb1],
+                "kmax": self.kmax[:, nb0:nb1], "kmean": self.kmean[:, nb0:nb1]}
 
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self.num_tokens:
-            raise ValueError(f"cannot truncate {self.num_tokens} tokens to {n}")
-        self.num_tokens = n
-
-    # The prefix cache keeps a live state in the process, but does not yet write this layout's
-    # segments to disk: it skips a segment whose export raises ValueError, so none is adopted.
-    def export_segment(self, i: int):
-        raise ValueError("the CUDA GLM state's segments are not written to the prefix cache yet")
-
-    def adopt(self, segments) -> None:
-        raise ValueError("the CUDA GLM state cannot start from cached segments yet")
+    def adopt(self, segments, reader=None) -> int:
+        if segments:  # room first: growing later would leave the views being filled behind
+            self.reserve(segments[-1].start + segments[-1].size)
+        return super().adopt(segments, reader)
 
 
 class GlmCudaDecoder:
@@ -333,6 +362,54 @@ class GlmCudaDecoder:
                                            v.transpose(0, 1)[None], attn_mask=mask, scale=self.scale)
         return o[0].transpose(0, 1).reshape(t, h * self.vd)
 
+    def _routed_prefill_attention(self, q: torch.Tensor, kv: GlmCudaState, layer: int, p0: int) -> torch.Tensor:
+        """Sparse attention of the chunk's absorbed queries q [T, H, R + P] on the latent: routing
+        chunks of route_chunk queries, the last route_tail queries on their own (engine/router.py
+        `routing_chunks`, as the Llama path) -> o_lat [T, H, R]."""
+        s = kv.settings
+        t = q.shape[0]
+        head = t - s.route_tail if 0 < s.route_tail < t else t
+        out = q.new_empty(t, q.shape[1], self.r)
+        self._route_and_attend(q[:head], kv, layer, p0, s.route_chunk, out[:head])
+        if head < t:
+            self._route_and_attend(q[head:], kv, layer, p0 + head, t - head, out[head:])
+        return out
+
+    def _route_and_attend(self, q, kv: GlmCudaState, layer: int, p0: int, chunk: int, out: torch.Tensor) -> None:
+        s = kv.settings
+        t, b = q.shape[0], s.block_size
+        nb = -(-(p0 + t) // b)
+        first = s.sink_tokens // b
+        k = min(s.top_k, nb)
+        if k and (p0 + t - 1 - s.window + b) // b > first:  # some query of the call has candidates
+            scores = fused_mla_block_scores(q, kv.kmin[layer, :nb], kv.kmax[layer, :nb], kv.kmean[layer, :nb],
+                                            s.block_score, chunk, p0, first, s.window, b)
+            # picks past a chunk's candidates come back -1 (or, past 64, are blocks whose keys the
+            # attention masks anyway: inside the window or the sinks)
+            blocks = fused_decode_topk(scores, k, drop_noncandidates=True) if k <= 64 else \
+                scores.topk(k, dim=-1, sorted=False).indices
+        else:
+            blocks = torch.empty(-(-t // chunk), 0, dtype=torch.long, device=q.device)
+        fused_mla_routed_attention(q, kv.kv[layer], p0, blocks, chunk, b, s.sink_tokens, s.window, self.r, self.scale,
+                                   out=out)
+
+    def _routed_decode_attention(self, q: torch.Tensor, kv: GlmCudaState, layer: int, length: torch.Tensor,
+                                 end: torch.Tensor) -> torch.Tensor:
+        """One step's sparse attention (no host sync): block scores over the whole capacity
+        (candidates before `end`, on the device), top-k, split-K attention over sinks + blocks +
+        window. Non-candidate picks (fewer candidates than top_k early on) hold only keys the
+        attention masks."""
+        s = kv.settings
+        k = min(s.top_k, kv.kmean.shape[1])
+        if k:
+            scores = fused_mla_block_scores(q, kv.kmin[layer], kv.kmax[layer], kv.kmean[layer], s.block_score, 1, 0,
+                                            s.sink_tokens // s.block_size, s.window, s.block_size, end=end)
+            blocks = fused_decode_topk(scores, k)
+        else:
+            blocks = torch.empty(1, 0, dtype=torch.long, device=q.device)
+        return fused_mla_decode(q, kv.kv[layer], length, self.r, self.scale,
+                                routed=(blocks, s.sink_tokens, s.window, s.block_size))
+
     def _mlp(self, ly: GlmLayer, x: torch.Tensor, decode: bool) -> torch.Tensor:
         """x + MLP(norm(x)) (dense SwiGLU or the MoE)."""
         c = self.config
@@ -356,25 +433,12 @@ class GlmCudaDecoder:
             if not stacked_shared:
                 x = fused_gemv(fused_gemv(h, ly.shared_w13, swiglu=True), ly.shared_w2, residual=x)
             return x
-        t, k = ids.shape
-        flat = ids.reshape(-1)
-        order = flat.argsort(stable=True)
-        tok = order // k
-        counts = torch.bincount(flat, minlength=e.n_routed).tolist()  # one host sync per layer and chunk
-        xs = h[tok]
-        ys = torch.empty_like(xs)
-        i = e.intermediate
-        a0 = 0
-        for ex, n in enumerate(counts):
-            if n:
-                gu = xs[a0:a0 + n] @ ly.w13[ex].t()
-                ys[a0:a0 + n] = (F.silu(gu[:, :i]) * gu[:, i:]) @ ly.w2[ex].t()
-                a0 += n
-        ys *= wts.reshape(-1)[order, None].to(ys.dtype)
-        x.index_add_(0, tok, ys)
-        if stacked_shared:
-            gu = h @ ly.w13[e.n_routed].t()
-            return x.addmm_(F.silu(gu[:, :i]) * gu[:, i:], ly.w2[e.n_routed].t())
+        if stacked_shared:  # the shared expert as one more column of every token, weight 1
+            t = ids.shape[0]
+            ids = torch.cat((ids, self._shared.expand(t, 1)), dim=1)
+            wts = torch.cat((wts, self._one.expand(t, 1)), dim=1)
+            return moe_prefill(h, ly.w13, ly.w2, ids, wts, x)
+        x = moe_prefill(h, ly.w13, ly.w2, ids, wts, x)
         gu = h @ ly.shared_w13.t()
         n = gu.shape[1] // 2
         return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.shared_w2.t())
@@ -386,6 +450,8 @@ class GlmCudaDecoder:
         end = p0 + t
         a, b = self._project(ly, x, decode=False)
         kv.kv[i, p0:end] = self._latent(ly, a, rot)
+        if kv.blocks:  # before routing: the chunk's own earlier blocks are candidates of its later queries
+            store_latent_descriptors(kv.kv[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], p0, end, kv.settings.block_size)
         q_nope, q_rot, q_abs = self._queries(ly, b, rot)
         if kv.dsa and ly.full:
             qi, ki, w = self._index_inputs(ly, a, b, rot)
@@ -396,6 +462,8 @@ class GlmCudaDecoder:
                 fused_index_scores(qi, slot[:end], w, p0, self.config.dsa.head_dim ** -0.5), topk)
         if kv.dsa and indices is not None:
             o = self._out(ly, fused_mla_decode(q_abs, kv.kv[i, :end], None, self.r, self.scale, indices))
+        elif kv.routed:
+            o = self._out(ly, self._routed_prefill_attention(q_abs, kv, i, p0))
         else:
             o = self._dense_prefill_attention(ly, q_nope, q_rot, kv, i, end)
         x = x.addmm_(o, ly.wo.t())
@@ -453,15 +521,25 @@ class GlmCudaDecoder:
         pos_l = pos.long()
         length = pos + 1
         indices = None
+        s = kv.settings
+        if kv.routed:  # the first block the window covers: candidates end there (all layers)
+            end = ((pos - s.window + s.block_size) // s.block_size).clamp_min(0)
         for i, ly in enumerate(self.layers):
             a, b = self._project(ly, x, decode=True)
-            kv.kv[i].index_copy_(0, pos_l, self._latent(ly, a, rot))
+            if kv.blocks:  # the row and its block's descriptors
+                fused_latent_append(self._latent(ly, a, rot), kv.kv[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], pos,
+                                    s.block_size)
+            else:
+                kv.kv[i].index_copy_(0, pos_l, self._latent(ly, a, rot))
             _, _, q_abs = self._queries(ly, b, rot)
             if kv.dsa and ly.full:
                 qi, ki, w = self._index_inputs(ly, a, b, rot)
                 indices = self._index_decode(qi, ki, w, kv, kv.slots[i], pos_l, pos)
-            o_lat = fused_mla_decode(q_abs, kv.kv[i], length, self.r, self.scale,
-                                     indices=indices if kv.dsa else None)
+            if kv.routed:
+                o_lat = self._routed_decode_attention(q_abs, kv, i, length, end)
+            else:
+                o_lat = fused_mla_decode(q_abs, kv.kv[i], length, self.r, self.scale,
+                                         indices=indices if kv.dsa else None)
             o = self._out(ly, o_lat)
             x = fused_gemv(o, ly.wo, residual=x)
             if ly.bo is not None:
