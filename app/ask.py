@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ..pipelines.document import Document
-from ..pipelines.passages import Passage
-from ..pipelines.context import READ_ALL_PROMPT, document_for_model
-from ..pipelines.qa import Generate, answer_question, check_answer, evidence_citations
-from ..pipelines.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
-from ..pipelines.retrieval import retrieve
+from ..pipelines.document import Passage
+from ..pipelines.answer.prompt import READ_ALL_PROMPT, document_for_model
+from ..pipelines.answer.qa import Generate, answer_question, check_answer, evidence_citations
+from ..pipelines.answer.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
+from ..pipelines.answer.retrieval import retrieve
 from .errors import DocqaError
 from .remote import RemoteModel, is_remote
 from .runs import Run, save_run

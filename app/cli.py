@@ -107,7 +107,7 @@ def ingest(
     if as_json:
         print_json(results)
     if not files:
-        from ..pipelines.ingest import EXTENSIONS
+        from ..pipelines.ingest.source import EXTENSIONS
 
         error_line("no ingestible files found (supported: " + ", ".join(sorted(EXTENSIONS)) + ")")
     ok = len(results) - failed
@@ -166,7 +166,7 @@ def show(
 
     Example: docqa show 3f2a9c01b7de --page 12 --json
     """
-    from ..pipelines.ocr import ocr_note
+    from ..pipelines.ingest.ocr import ocr_note
 
     with open_store(db) as store:
         if page is not None:
@@ -430,7 +430,7 @@ def citation_line(c, *, multi: bool = False) -> str:
 
 
 def print_run(run, *, show_draft: bool = False) -> None:
-    from ..pipelines.query import preview
+    from ..pipelines.answer.query import preview
 
     multi = len(run.doc_ids) > 1
     if run.status == "answered":

@@ -111,7 +111,7 @@ STDIN = Path("-")  # as a PATH to ingest: read the document from standard input
 def collect_files(paths: list[Path]) -> list[Path]:
     """Files named directly (any type: an unsupported one is then reported) and, below
     folders, the files with a supported extension, sorted, skipping hidden ones."""
-    from ..pipelines.ingest import EXTENSIONS
+    from ..pipelines.ingest.source import EXTENSIONS
 
     found: list[Path] = []
     for p in paths:
@@ -132,7 +132,7 @@ def collect_files(paths: list[Path]) -> list[Path]:
 def read_stdin(max_bytes: int):
     """`-` as a file: the document is read from standard input and its type sniffed from its
     bytes (PDF magic, an HTML tag near the start, else text). Recorded with the path `<stdin>`."""
-    from ..pipelines.ingest import Source, doc_id_for, detect_type
+    from ..pipelines.ingest.source import Source, doc_id_for, detect_type
 
     name = Path("<stdin>")
     data = sys.stdin.buffer.read(max_bytes + 1)
@@ -148,13 +148,13 @@ def read_stdin(max_bytes: int):
 
 
 def load(path: Path, **kw):
-    from ..pipelines.ingest import load
+    from ..pipelines.ingest.source import load
 
     return load(path, **kw)
 
 
 def build(source, **kw):
-    from ..pipelines.ingest import build
+    from ..pipelines.ingest.build import build
 
     return build(source, **kw)
 

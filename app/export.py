@@ -18,8 +18,8 @@ from typing import Literal
 
 import jinja2
 
-from ..pipelines.citations import Citation
-from ..pipelines.html import link_target
+from ..pipelines.answer.citations import Citation
+from ..pipelines.ingest.html import link_target
 from .errors import DocqaError
 from .review import JobError, get_job, job_runs
 from .runs import Run, RunNotFound, get_run

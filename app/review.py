@@ -34,13 +34,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..pipelines.conflicts import Finding, detect_conflicts
+from ..pipelines.answer.conflicts import Finding, detect_conflicts
 from ..pipelines.document import Document
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest import Source, build
-from ..pipelines.passages import Passage
-from ..pipelines.qa import Answer, answer_question
-from ..pipelines.retrieval import retrieve
+from ..pipelines.ingest.build import build
+from ..pipelines.ingest.source import Source
+from ..pipelines.document import Passage
+from ..pipelines.answer.qa import Answer, answer_question
+from ..pipelines.answer.retrieval import retrieve
 from .ask import EVIDENCE_POOL, AskSettings, Library, ask, open_model
 from .checklist import Checklist, ChecklistItem
 from .errors import DocqaError

@@ -53,7 +53,7 @@ def _documents(store: Store, paths: list[Path], executor=None, on_file=None) -> 
 def _ingest_remote(store: Store, files: list[Path], executor, on_file) -> list[tuple[str, str]]:
     """Parse new files on the executor's workers (the file's bytes travel with the task, so
     workers need no shared filesystem); store each document here as it comes back."""
-    from ..pipelines.ingest import load
+    from ..pipelines.ingest.source import load
     from .review import parse_source
 
     docs, new, order = [], [], {}

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..pipelines.citations import Citation
-from ..pipelines.qa import Answer
+from ..pipelines.answer.citations import Citation
+from ..pipelines.answer.qa import Answer
 from .errors import DocqaError
 from .store import Store
 

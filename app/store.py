@@ -17,10 +17,9 @@ from typing import Iterator, Literal
 
 from sqlite_utils import Database
 
-from ..pipelines.document import Anchor, Document, Line, Page, Section, Segment
-from ..pipelines.passages import Passage, make_passages
-from ..pipelines.retrieval import TITLE_WEIGHT, passage_titles
-from ..pipelines.search import TOKENIZERS, build_match, index_text
+from ..pipelines.document import Anchor, Document, Line, Page, Passage, Section, Segment
+from ..pipelines.ingest.passages import make_passages, passage_titles
+from ..pipelines.fulltext import TITLE_WEIGHT, TOKENIZERS, build_match, index_text
 from .config import BUSY_TIMEOUT_S
 from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreError
 from .migrations import FTS_UNITS, fts_table, migrate

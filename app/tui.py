@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 
-from ..pipelines.citations import Citation
+from ..pipelines.answer.citations import Citation
 from .review import get_job, job_runs, list_jobs
 from .runs import Run, get_run, list_runs
 from .store import Store

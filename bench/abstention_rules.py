@@ -18,8 +18,8 @@ import json
 import re
 from pathlib import Path
 
-from docqa.pipelines.qa import _AFFIXES, content_words, on_subject, stem, subject_words
-from docqa.pipelines.query import analyze, quoted_phrases
+from docqa.pipelines.answer.qa import _AFFIXES, content_words, on_subject, stem, subject_words
+from docqa.pipelines.answer.query import analyze, quoted_phrases
 
 QUOTE = re.compile(r'"(.*?)"\s*\[PAGE:\d+')
 

@@ -38,9 +38,9 @@ from pathlib import Path
 
 from docqa.app.ask import AskSettings, Library, ask
 from docqa.app.store import Store
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.qa import check_answer
-from docqa.pipelines.support import Need, figures, need_of, subject_words
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.answer.qa import check_answer
+from docqa.pipelines.answer.support import Need, figures, need_of, subject_words
 from docqa.pipelines.textnorm import normalize
 
 ROOT = Path(__file__).resolve().parents[1]

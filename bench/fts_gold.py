@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from docqa.app.store import Store
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.search import TOKENIZERS, build_match, build_phrase
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.fulltext import TOKENIZERS, build_match, build_phrase
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"

@@ -31,7 +31,8 @@ def _rss_mib() -> float:
 def one(path: Path) -> dict:
     """Runs in the child: ingest one file into a fresh store and measure it."""
     from docqa.app.store import Store
-    from docqa.pipelines.ingest import build, load
+    from docqa.pipelines.ingest.build import build
+    from docqa.pipelines.ingest.source import load
 
     base = _rss_mib()
     t0 = time.perf_counter()

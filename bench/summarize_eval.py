@@ -138,8 +138,8 @@ def nmi(labels_true: list, labels_pred: list) -> float:
 
 def cluster_eval(docs: dict, items: list[tuple[str, str, str]], embed) -> dict[str, tuple[float, float, int]]:
     """items: (doc_id, category, span text) -> {method: (ARI, NMI, n)}."""
-    from docqa.pipelines.citations import find_in_document, relocate
-    from docqa.pipelines.summarize import Statement, cluster
+    from docqa.pipelines.answer.citations import find_in_document, relocate
+    from docqa.pipelines.answer.summarize import Statement, cluster
 
     stmts, cats = [], []
     for doc_id, cat, text in items:
@@ -244,7 +244,7 @@ def main() -> int:
     from docqa.app.ask import Library
     from docqa.app.store import Store
     from docqa.app.summarize import SummarizeSettings, minilm_embed, summarize
-    from docqa.pipelines.summarize import first_sentences
+    from docqa.pipelines.answer.summarize import first_sentences
 
     cmd = "    .venv/bin/python bench/summarize_eval.py " + " ".join(sys.argv[1:])
     store = Store(args.db)

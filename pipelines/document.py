@@ -113,6 +113,28 @@ class Segment(Strict):
     text: str
 
 
+class Passage(Strict):
+    """The retrieval and citation unit: a few consecutive lines of one page (made by
+    `pipelines.ingest.passages`)."""
+
+    doc_id: str
+    index: int
+    page: int
+    label: str | None  # HTML element id
+    line_start: int
+    line_end: int
+    char_start: int
+    char_end: int
+    text: str
+    section_id: str | None = None
+    score: float = 0.0  # filled in by retrieval
+
+    def cite_label(self, *, with_doc: bool = False) -> str:
+        doc = f"DOC:{self.doc_id}, " if with_doc else ""
+        where = f"SECTION:{self.label}" if self.label else f"PAGE:{self.page}"
+        return f"[{doc}{where}, LINE:{self.line_start}-{self.line_end}]"
+
+
 class Document(Strict):
     doc_id: str  # short content hash
     content_sha256: str

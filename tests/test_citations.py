@@ -1,6 +1,6 @@
 """Citation parsing and mechanical verification (SPEC §4)."""
 
-from docqa.pipelines.citations import cite_lines, parse_citations, verify, verify_answer
+from docqa.pipelines.answer.citations import cite_lines, parse_citations, verify, verify_answer
 from docqa.pipelines.document import RawLine, RawPage, assemble
 
 

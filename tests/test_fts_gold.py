@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from docqa.app.store import Store
-from docqa.pipelines.search import TOKENIZERS
+from docqa.pipelines.fulltext import TOKENIZERS
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("fts_gold", ROOT / "bench" / "fts_gold.py")

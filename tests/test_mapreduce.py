@@ -8,7 +8,7 @@ import pytest
 from docqa.app.mapreduce import map_reduce
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.ingest.build import ingest_file
 from docqa.pipelines.textnorm import normalize
 
 QUESTION = "List every termination right."

@@ -8,8 +8,8 @@ import pytest
 from docqa.app.mapreduce import map_reduce
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import pdf_bytes
-from docqa.pipelines.conflicts import detect_cross_conflicts
-from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.answer.conflicts import detect_cross_conflicts
+from docqa.pipelines.ingest.build import ingest_file
 from docqa.pipelines.textnorm import normalize
 
 QUESTION = "What are the fees, the termination notice and the governing law?"

@@ -22,7 +22,7 @@ from docqa.app.executor import ProcessExecutor, RayExecutor  # noqa: E402
 from docqa.app.review import job_runs, run_review  # noqa: E402
 from docqa.app.store import Store  # noqa: E402
 from docqa.app.summarize import SummarizeSettings, summarize  # noqa: E402
-from docqa.pipelines.ingest import ingest_file  # noqa: E402
+from docqa.pipelines.ingest.build import ingest_file  # noqa: E402
 from docqa.fixtures.make_pdf import write_sample_contract_pdf  # noqa: E402
 
 CHECKLIST = load_checklist("contract_review")

@@ -8,21 +8,19 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from docqa.pipelines.document import Anchor, RawLine, RawPage, Section, assemble
-from docqa.pipelines.passages import Passage, make_passages
-from docqa.pipelines.query import (
+from docqa.pipelines.answer.memory_fts import MemoryFts, MemoryPageFts
+from docqa.pipelines.document import Anchor, Passage, RawLine, RawPage, Section, assemble
+from docqa.pipelines.ingest.passages import make_passages, passage_titles
+from docqa.pipelines.answer.query import (
     analyze,
     clause_refs,
     content_words,
     expand,
     strip_boilerplate,
 )
-from docqa.pipelines.retrieval import (
-    MemoryFts,
-    MemoryPageFts,
+from docqa.pipelines.answer.retrieval import (
     definition_keys,
     fts_expression,
-    passage_titles,
     retrieve,
     signals,
     top_pages,
@@ -291,7 +289,7 @@ def test_cuad_recall_through_the_store(cuad_docs, tmp_path):
 
     from docqa.app.ask import Library
     from docqa.app.store import Store
-    from docqa.pipelines.retrieval import retrieve, top_pages
+    from docqa.pipelines.answer.retrieval import retrieve, top_pages
 
     store = Store(tmp_path / "cuad.db")
     for doc in cuad_docs.values():

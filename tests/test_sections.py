@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from docqa.pipelines.document import Document, RawLine, RawPage, RawSection, assemble
-from docqa.pipelines.sections import chinese_to_int, detect_sections, roman_to_int, section_key
+from docqa.pipelines.ingest.sections import chinese_to_int, detect_sections, roman_to_int, section_key
 
 from corpus import ARRAY, CIVIL_CODE, GOOSEHEAD, IBM, RISCV, first_pages_doc
 

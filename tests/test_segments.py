@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from docqa.pipelines.document import Document, RawLine, RawPage, assemble
-from docqa.pipelines.segments import approx_tokens, make_segments
+from docqa.pipelines.ingest.chunks import approx_tokens, make_segments
 
 from corpus import ARRAY, CIVIL_CODE, RISCV, first_pages_doc
 

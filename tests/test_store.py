@@ -11,8 +11,8 @@ from docqa.app.errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange
 from docqa.app.migrations import MIGRATIONS
 from docqa.app.store import Store
 from docqa.pipelines.document import Section
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.search import TOKENIZERS, build_match
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.fulltext import TOKENIZERS, build_match
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CONTRACT = CORPUS / "pdf" / "contract_IBM_MSL_Outsourcing_Agreement.pdf"

@@ -14,9 +14,9 @@ from docqa.app.cli import app
 from docqa.app.store import Store
 from docqa.app.summarize import SummarizeSettings, get_summary, summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.citations import Citation
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.summarize import (Statement, classify, cluster, first_sentences, parties, sentence_budget, spaced,
+from docqa.pipelines.answer.citations import Citation
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.answer.summarize import (Statement, classify, cluster, first_sentences, parties, sentence_budget, spaced,
                                        spread, tie_sentences)
 from docqa.pipelines.textnorm import normalize
 

@@ -13,9 +13,9 @@ from docqa.app.cli import app
 from docqa.app.store import Store
 from docqa.app.summarize import SummarizeSettings, _extractions, settings_key, summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.citations import parse_citations
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.summarize import LENGTHS, candidates, map_messages
+from docqa.pipelines.answer.citations import parse_citations
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.answer.summarize import LENGTHS, candidates, map_messages
 from docqa.pipelines.textnorm import normalize
 
 from test_serve import serving

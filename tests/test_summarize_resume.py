@@ -12,7 +12,7 @@ from pathlib import Path
 from docqa.app.store import Store
 from docqa.app.summarize import summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.ingest.build import ingest_file
 
 from test_summarize import SECTION, Scripted
 

@@ -9,9 +9,9 @@ import pytest
 from docqa.app.runs import get_run, save_run
 from docqa.app.store import Store
 from docqa.pipelines.document import RawLine, RawPage, assemble
-from docqa.pipelines.passages import make_passages
-from docqa.pipelines.qa import answer_question, check_answer
-from docqa.pipelines.support import (answer_figure_quoted, figure_asked, figures, for_documents, need_of,
+from docqa.pipelines.ingest.passages import make_passages
+from docqa.pipelines.answer.qa import answer_question, check_answer
+from docqa.pipelines.answer.support import (answer_figure_quoted, figure_asked, figures, for_documents, need_of,
                                      question_years, supports)
 
 from corpus import CORPUS
@@ -69,7 +69,7 @@ def test_numeric_questions(question, kind, years):
 def test_years_are_read_one_way_for_retrieval_and_support():
     # One reader of years (pipelines/figures.py) for retrieval's figure signals and the
     # support check; "FY2023," (a year before a comma) was missed by retrieval's own copy.
-    from docqa.pipelines.figures import analyze_figures, years_in
+    from docqa.pipelines.answer.figures import analyze_figures, years_in
 
     q = "What are major acquisitions that Best Buy has done in FY2023, FY2022 and FY2021?"
     assert years_in(q) == (2023, 2022, 2021) and question_years(q) == {2021, 2022, 2023}

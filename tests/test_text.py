@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from docqa.pipelines.errors import IngestError
-from docqa.pipelines.text import BINARY, NOT_DECODABLE, heading_number, parse_text
+from docqa.pipelines.ingest.text import BINARY, NOT_DECODABLE, heading_number, parse_text
 
 QA = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "qa"
 

@@ -54,8 +54,8 @@ from itertools import combinations
 from pydantic import BaseModel, ConfigDict
 
 from .citations import Citation, find_quote, relocate
-from .document import Document
-from .search import STOPWORDS
+from ..document import Document
+from ..fulltext import STOPWORDS
 
 _NUMBER_WORDS = {
     w: i

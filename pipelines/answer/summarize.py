@@ -43,10 +43,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
 from .conflicts import detect_conflicts, detect_cross_conflicts, sentences
-from .document import Document, Segment
+from ..document import Document, Segment
 from .query import content_words, stem
 from .quote_constraint import QuotePlan
-from .textnorm import normalize
+from ..textnorm import normalize
 
 Length = Literal["brief", "standard", "detailed"]
 Kind = Literal["obligation", "definition", "term", "conclusion", "fact"]

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from .document import Document
-from .textnorm import normalize, normalize_loose
+from ..document import Document
+from ..textnorm import normalize, normalize_loose
 
 # Quotes shorter than this (after normalisation) prove nothing: "the", "30 days".
 MIN_QUOTE_CHARS = 12

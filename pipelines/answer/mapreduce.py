@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import Citation, find_quote, parse_citations, relocate, verify
 from .conflicts import detect_conflicts, detect_cross_conflicts
-from .document import Document, Segment
+from ..document import Document, Segment
 from .qa import Answer, Generate, segment_of
-from .textnorm import normalize
+from ..textnorm import normalize
 
 MAP_PROMPT = (
     "You extract evidence from one excerpt of a document. List every statement in the "

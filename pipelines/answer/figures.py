@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .query import analyze, content_words, stem
-from .textnorm import normalize
+from ..textnorm import normalize
 
 Statement = str  # "income" | "balance" | "cash"
 FigureKind = Literal["amount", "percent", "count", "duration"]

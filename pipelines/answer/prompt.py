@@ -16,10 +16,9 @@ from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from .document import Anchor, Document
-from .passages import Passage
-from .segments import approx_tokens
-from .textnorm import normalize
+from ..document import Anchor, Document, Passage
+from ..ingest.chunks import approx_tokens
+from ..textnorm import normalize
 
 SYSTEM_PROMPT = (
     "You answer questions about documents using only the excerpts provided. "

@@ -14,7 +14,7 @@ import re
 from bisect import bisect_right
 from typing import Callable
 
-from .document import Document, Segment
+from ..document import Document, Segment
 
 __all__ = ["make_segments", "approx_tokens"]
 

@@ -30,9 +30,9 @@ import re
 from bisect import bisect_right
 from collections import Counter
 
-from .document import Anchor, Document, Section
+from ..document import Anchor, Document, Section
 from .sections import CN_NUM, chinese_to_int, looks_like_title, section_key
-from .textnorm import normalize
+from ..textnorm import normalize
 
 __all__ = ["tag_anchors", "definition_term_span", "normalize_date", "normalize_money",
            "normalize_duration", "words_to_int"]

@@ -25,8 +25,8 @@ import codecs
 import re
 from pathlib import Path
 
-from docqa.pipelines.document import RawLine, RawPage, RawSection
-from docqa.pipelines.errors import IngestError
+from ..document import RawLine, RawPage, RawSection
+from ..errors import IngestError
 
 NOT_DECODABLE = "not valid UTF-8 and the encoding could not be determined"
 BINARY = "binary file, not text"

@@ -38,8 +38,8 @@ from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
 from pypdf.generic._font import Font
 
-from .document import RawLine, RawPage
-from .errors import IngestError
+from ..document import RawLine, RawPage
+from ..errors import IngestError
 from .ocr import NO_TEXT_LAYER, ocr_pages
 
 # Header/footer detection: how many lines at each edge are candidates, and on how many pages

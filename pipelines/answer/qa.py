@@ -20,14 +20,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import Citation, cite_lines, find_quote, parse_citations, relocate, verify
-from .context import BuiltContext, approx_tokens, build_context, chat_messages
-from .document import Document
-from .passages import Passage
+from .prompt import BuiltContext, approx_tokens, build_context, chat_messages
+from ..document import Document, Passage
 from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
 from .support import (_AFFIXES, Need, answer_figure_quoted, for_documents, header_years, need_of,  # noqa: F401
                       subject_words, why_not)
-from .textnorm import normalize
+from ..textnorm import normalize
 
 Generate = Callable[[list[dict[str, str]]], str]
 # Quote-constrained: the model may write only what the plan allows (labels of the passages it
