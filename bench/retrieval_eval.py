@@ -1,7 +1,7 @@
 """Evidence retrieval on the CUAD gold subset: is a gold page among the top-k cited pages?
 
 For each answerable question whose gold spans carry PDF pages, the ranked passages of
-`pipelines.retrieval` are turned into distinct pages (as citations show them) and recall@1/3/5
+`pipelines.answer.retrieval` are turned into distinct pages (as citations show them) and recall@1/3/5
 is the share of questions with a gold page among the first 1/3/5. Each method is a set of
 signal weights, so every component is measured alone and in the fusion. The 50 unanswerable
 questions show what the top scores look like when nothing answers (for a "not found" cut).
@@ -256,7 +256,7 @@ class TitledVectors:
         key = passages_key(ps) + "-titled"
         vecs = self.cache.store.get(key)
         if vecs is None or len(vecs) != len(ps):
-            titles = passage_titles(self.docs[ps[0].doc_id], ps)
+            titles = passage_titles(self.docs[ps[0].doc_id].sections, ps)
             vecs = self.cache.encode([f"{t}: {p.text}" if t else p.text for p, t in zip(ps, titles)])
             self.cache.store[key] = vecs
         return vecs

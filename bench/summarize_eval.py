@@ -13,7 +13,7 @@ What it measures, all in one run:
   --page` prints them (the quote, normalised, within the cited lines); sentences dropped for
   want of a verified citation and statements whose quote did not verify, counted;
 - clustering: the CUAD gold spans of each contract (and of the three together) clustered
-  by the three methods of `pipelines.summarize.cluster` into as many groups as there are
+  by the three methods of `pipelines.answer.summarize.cluster` into as many groups as there are
   categories, scored against the categories (adjusted Rand index, normalised mutual info);
 - multi-document summaries: the three contracts (per-party obligations, key terms,
   cross-document conflicts), RFC 9110 + RFC 9112 (element-id citations), and the corpus
@@ -58,9 +58,9 @@ RFCS = ["html/rfc9110_HTTP_Semantics.html", "html/rfc9112_HTTP_1.1.html"]
 
 
 def ingest(store, rel: str) -> str:
-    from docqa.app.clikit import ingest_one
+    from docqa.app.ingest import ingest_path
 
-    return ingest_one(store, CORPUS / rel, 200_000_000, 2048)["doc_id"]
+    return ingest_path(store, CORPUS / rel, max_bytes=200_000_000)["doc_id"]
 
 
 def gold_pages() -> dict[str, dict[str, set[int]]]:

@@ -14,6 +14,7 @@ for HTML use the label instead of a page number.
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -219,3 +220,20 @@ def assemble(
         pages=pages,
         metadata=metadata or {},
     )
+
+
+@dataclass(frozen=True)
+class Record:
+    """One document ready to store, made by `pipelines.ingest.record` (the store writes it
+    as it is). `search_text[(unit, tokenizer)]` has one tuple per row of
+    `unit` (pages, segments, passages, in order) with the text of each of its FTS columns:
+    (text,), and (text, titles) for passages."""
+
+    document: Document
+    passages: list[Passage]
+    titles: list[str]  # per passage: its section and the sections above it ("" for none)
+    search_text: dict[tuple[str, str], list[tuple[str, ...]]]
+
+    @property
+    def doc_id(self) -> str:
+        return self.document.doc_id

@@ -25,6 +25,7 @@ from docqa.pipelines.ingest.build import build  # noqa: E402
 from docqa.pipelines.ingest.source import load  # noqa: E402
 from docqa.pipelines.ingest.ocr import image_pdf, render_grey  # noqa: E402
 from docqa.pipelines.ingest.pdf import parse_pdf  # noqa: E402
+from docqa.pipelines.ingest.record import make_record  # noqa: E402
 
 from corpus import CIVIL_CODE, GOLD, IBM  # noqa: E402
 
@@ -82,7 +83,7 @@ def test_question_cites_the_ocr_page(sample_scan, tmp_path):
     db = tmp_path / "d.db"
     with Store(db) as store:
         doc = build(load(pdf))
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         run = ask(store, [doc.doc_id], "Can the customer terminate for convenience?",
                   AskSettings(evidence_only=True))
         top = run.evidence[0]

@@ -11,6 +11,7 @@ import pytest
 from docqa.pipelines.answer.memory_fts import MemoryFts, MemoryPageFts
 from docqa.pipelines.document import Anchor, Passage, RawLine, RawPage, Section, assemble
 from docqa.pipelines.ingest.passages import make_passages, passage_titles
+from docqa.pipelines.ingest.record import make_record
 from docqa.pipelines.answer.query import (
     analyze,
     clause_refs,
@@ -164,7 +165,7 @@ def test_section_titles_rank_their_sections(contract):
 
 def test_passage_titles_hold_the_section_chain(contract):
     docs, ps = contract
-    titles = passage_titles(docs["msa"], ps["msa"])
+    titles = passage_titles(docs["msa"].sections, ps["msa"])
     assert titles[3] == "Late Payment / PAYMENT"
     assert titles[0] == ""
 
@@ -293,7 +294,7 @@ def test_cuad_recall_through_the_store(cuad_docs, tmp_path):
 
     store = Store(tmp_path / "cuad.db")
     for doc in cuad_docs.values():
-        store.add_document(doc)
+        store.add_record(make_record(doc))
     lib = Library(store)
     hits = n = 0
     for line in retrieval_eval.GOLD.open():

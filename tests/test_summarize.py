@@ -19,6 +19,7 @@ from docqa.pipelines.ingest.build import ingest_file
 from docqa.pipelines.answer.summarize import (Statement, classify, cluster, first_sentences, parties, sentence_budget, spaced,
                                        spread, tie_sentences)
 from docqa.pipelines.textnorm import normalize
+from docqa.pipelines.ingest.record import make_record
 
 # Obligations of the sample contract, read by hand (fixtures/sample_contract.txt).
 PAY = "Customer shall pay Licensor an annual license fee of $120,000"
@@ -57,7 +58,7 @@ def store(tmp_path):
     doc = ingest_file(pdf, segment_tokens=150)  # several segments
     assert len(doc.segments) >= 4
     s = Store(tmp_path / "db.sqlite")
-    s.add_document(doc)
+    s.add_record(make_record(doc))
     return s, doc
 
 
@@ -158,7 +159,7 @@ def test_interrupted_run_resumes_and_ends_as_an_uninterrupted_one(store, tmp_pat
     assert summ.stats["resumed_segments"] == 2
     assert again.calls <= len(doc.segments) - 2 + clusters
     ref_store = Store(tmp_path / "ref.sqlite")
-    ref_store.add_document(doc)
+    ref_store.add_record(make_record(doc))
     _, ref = summarize(ref_store, [doc.doc_id], SECTION, generate=Scripted(), model_name="scripted")
     assert summ.text() == ref.text()
     # A third run reads nothing again: segments and clusters are all stored.
@@ -175,7 +176,7 @@ def test_conflicts_across_documents_are_cited_on_both_sides(tmp_path):
     b.write_text("SUPPLY AGREEMENT\n\n1. Law\n\nThis Agreement shall be governed by the laws of the State of Texas.\n\n"
                  "2. Payment\n\nBuyer shall pay each invoice within sixty (60) days of receipt.\n")
     s = Store(tmp_path / "db.sqlite")
-    ids = [s.add_document(ingest_file(p)).doc_id for p in (a, b)]
+    ids = [s.add_record(make_record(ingest_file(p))).doc_id for p in (a, b)]
     run, summ = summarize(s, ids, SummarizeSettings(evidence_only=True, cluster="section", length="detailed"))
     conflicts = [x for blk in summ.blocks if blk.kind == "conflicts" for x in blk.sentences]
     law = [x for x in conflicts if "governing law" in x.text]

@@ -30,7 +30,7 @@ class MemoryFts:
         rows = []
         for doc_id, ps in passages.items():
             doc = docs.get(doc_id) if docs else None
-            titles = passage_titles(doc, ps) if doc is not None else [""] * len(ps)
+            titles = passage_titles(doc.sections, ps) if doc is not None else [""] * len(ps)
             rows += [(index_text(p.text, "unicode61"), index_text(t, "unicode61"), doc_id, p.index)
                      for p, t in zip(ps, titles)]
         self.con.executemany("INSERT INTO p(text, titles, doc_id, idx) VALUES (?, ?, ?, ?)", rows)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..document import Document, DocType, assemble
+from .chunks import SEGMENT_TOKENS
 from .source import DEFAULT_MAX_BYTES, Source, load
 
 # on_page(step, done, total) while a PDF's pages are read (`pdf.PageProgress`; not imported
@@ -36,7 +37,7 @@ def _parse(kind: DocType, path: Path, data: bytes, on_page: PageProgress | None 
 def build(
     source: Source,
     *,
-    segment_tokens: int = 2048,
+    segment_tokens: int = SEGMENT_TOKENS,
     count_tokens: Callable[[str], int] | None = None,
     on_page: PageProgress | None = None,
 ) -> Document:
@@ -57,7 +58,7 @@ def finish(
     raw_sections,
     metadata: dict | None,
     *,
-    segment_tokens: int = 2048,
+    segment_tokens: int = SEGMENT_TOKENS,
     count_tokens: Callable[[str], int] | None = None,
 ) -> Document:
     """Structure, anchors and segments on top of a parser's output (`parse`)."""
@@ -123,7 +124,7 @@ def cover_title(doc: Document) -> str | None:
 def ingest_file(
     path: str | Path,
     *,
-    segment_tokens: int = 2048,
+    segment_tokens: int = SEGMENT_TOKENS,
     count_tokens: Callable[[str], int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Document:

@@ -16,7 +16,10 @@ from typing import Callable
 
 from ..document import Document, Segment
 
-__all__ = ["make_segments", "approx_tokens"]
+__all__ = ["SEGMENT_TOKENS", "make_segments", "approx_tokens"]
+
+# The default segment size (`docqa ingest --segment-tokens`; review and the library use it too).
+SEGMENT_TOKENS = 2048
 
 _CJK_CLASS = r"\u3000-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
 _CJK = re.compile(f"[{_CJK_CLASS}]")

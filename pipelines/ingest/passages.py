@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..document import Document, Passage
+from ..document import Document, Passage, Section
 
 TARGET_CHARS = 400  # about a paragraph; long enough for bm25, short enough to cite
 MAX_CHARS = 1000
@@ -71,10 +71,10 @@ def make_passages(doc: Document) -> list[Passage]:
     return out
 
 
-def passage_titles(doc: Document, passages: Sequence[Passage]) -> list[str]:
+def passage_titles(sections: Sequence[Section], passages: Sequence[Passage]) -> list[str]:
     """Per passage, the titles of its section and the sections above it: what an FTS
     index stores beside the text, so a heading's words count for the clause under it."""
-    by_id = {s.id: s for s in doc.sections}
+    by_id = {s.id: s for s in sections}
     out = []
     for p in passages:
         titles, sid = [], p.section_id
