@@ -16,7 +16,7 @@ the document travels with each task (shared once per worker), the extraction com
 and this process stores it, as `review` does. The finished summary is a run (kind
 "summary", so `runs`, `export` and `browse` list it) plus its structure in `summaries`.
 
-The model is a `generate` function (pipelines/qa.py's `Generate`) that `generate_for()` opens
+The model is a `generate` function (pipelines/answer/qa.py's `Generate`) that `generate_for()` opens
 as `ask` does (`open_model`): the embedded engine (`--model` GGUF file or HF dir, `--device`),
 which decodes under a `QuotePlan`, or an OpenAI-compatible server (`openai:URL#MODEL`,
 app/remote.py), which writes freely: it runs with `quote=False` and its statements still rest

@@ -9,7 +9,7 @@ product's `retrieve()` with in-memory FTS5 indexes built as the store builds the
     .venv/bin/python bench/filings_eval.py [--cache DIR] [--out FILE] [--docs PICKLE]
 
 `--cache` keeps the PDF parser's output for the filings between runs, keyed by the source of
-the parser (`pipelines/pdf.py`, `document.py`), so a change to the parser re-parses and
+the parser (`pipelines/ingest/pdf.py`, `document.py`), so a change to the parser re-parses and
 nothing stale is measured; structure, anchors and segments are rebuilt on every run. `--docs` reads
 a pickle of {file name: Document} instead (how the "before" row was measured: the filings
 parsed by the previous commit's code).

@@ -1,4 +1,4 @@
-"""pipelines.anchors on hand-written sentences and on facts checked by hand in the corpus.
+"""pipelines.ingest.anchors on hand-written sentences and on facts checked by hand in the corpus.
 
 Corpus documents are the first N pages of a PDF (cut with pypdf, so page numbers are
 unchanged), parsed once per module.

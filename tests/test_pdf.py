@@ -1,4 +1,4 @@
-"""pipelines.pdf against pypdf's own extraction and facts checked by hand in the corpus."""
+"""pipelines.ingest.pdf against pypdf's own extraction and facts checked by hand in the corpus."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pipelines.sections against headings checked by hand in the corpus PDFs.
+"""pipelines.ingest.sections against headings checked by hand in the corpus PDFs.
 
 To keep the file fast, each test document is the first N pages of a corpus PDF (cut with
 pypdf, so physical page numbers are unchanged) parsed once per module with `parse_pdf`.

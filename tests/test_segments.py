@@ -1,4 +1,4 @@
-"""pipelines.segments: coverage, contiguity, the token budget (against the default model's
+"""pipelines.ingest.chunks: coverage, contiguity, the token budget (against the default model's
 real tokenizer), and lines/table rows never split."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class Citation(BaseModel):
     char_start: int | None = None  # where the quote lies in Document.text, once verified
     char_end: int | None = None
     note: str | None = None  # why a citation did not verify, or why it does not support the answer
-    # Whether the quote answers the question (pipelines/support.py): it names the subject and,
+    # Whether the quote answers the question (pipelines/answer/support.py): it names the subject and,
     # for a numeric question, holds a figure of the kind and year asked. None: not judged
     # (evidence passages, runs stored before the check existed).
     supports: bool | None = None

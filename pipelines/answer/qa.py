@@ -6,7 +6,7 @@ it with a scripted model. Steps: build the context, generate, parse and verify c
 attach mechanical citations to answer sentences copied verbatim from the excerpts, and fall
 back to the ranked evidence when nothing verifies (SPEC §4: never an unsupported answer
 shown as supported). Each verified citation is also judged on whether it *supports* an
-answer (pipelines/support.py); an answer none of whose citations supports it is withheld
+answer (pipelines/answer/support.py); an answer none of whose citations supports it is withheld
 as "Not found", its draft kept for audit (`raw_answer`, `draft_citations`).
 """
 

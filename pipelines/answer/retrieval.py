@@ -7,7 +7,7 @@ cosine similarity live on unrelated scales):
 - `bm25_focus`: FTS5 bm25 for the question's subject (its quoted phrase, else its content
   words);
 - `bm25_terms`: bm25 for every content word plus the thesaurus expansions
-  (`pipelines.query`), so a clause written in drafting words ("may terminate ... upon
+  (`pipelines.answer.query`), so a clause written in drafting words ("may terminate ... upon
   ninety days' notice") is found for a question asked in labels ("termination for
   convenience");
 - `titles`: passages of sections whose title shares words with the subject — contracts
@@ -20,7 +20,7 @@ cosine similarity live on unrelated scales):
   spread over a page) whose words no single passage holds together still ranks. Weighted
   below the passage signals: it recounts `bm25_terms`' words at a coarser unit, so it
   breaks ties between pages rather than outvoting them;
-- `figure_rows`: for a question about a figure (`pipelines.figures`: "total revenues in
+- `figure_rows`: for a question about a figure (`pipelines.answer.figures`: "total revenues in
   2022", "capex", "how many employees"), passages holding a line that names the quantity
   with a number — a statement row or a sentence — those naming a wanted year first;
 - `statements`: for the same questions, passages of the primary statements (income

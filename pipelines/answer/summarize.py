@@ -833,7 +833,7 @@ def _section_name(doc: Document, offset: int) -> str:
     return sec.title[:40]
 
 
-# The facts the conflict rules read (pipelines/conflicts.py): a statement with none of them
+# The facts the conflict rules read (pipelines/answer/conflicts.py): a statement with none of them
 # cannot take part in a finding, so it is not handed to the (pairwise) rules at all.
 _CONFLICT_FACTS = re.compile(r"exclusiv|terminat|cancel|surviv|perpetu|trade secret|title|own|property|"
                              r"governed|laws of|\$|€|£|dollars|\b(?:day|week|month|year)s?\b|\b(?:19|20)\d\d\b", re.I)
