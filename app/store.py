@@ -19,7 +19,7 @@ from typing import Iterator, Literal
 
 from sqlite_utils import Database
 
-from ..pipelines.document import Anchor, Document, Line, Page, Passage, Record, Section, Segment
+from ..pipelines.document import Anchor, Chunk, Document, Line, Page, Passage, Record, Section, Span
 from ..pipelines.fulltext import TITLE_WEIGHT, TOKENIZERS, build_match, index_text
 from .config import BUSY_TIMEOUT_S
 from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreError
@@ -61,6 +61,10 @@ class Hit:
     line_end: int
     bm25: float
     text: str
+
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page_start, page_end=self.page_end, line_start=self.line_start, line_end=self.line_end)
 
 
 def _now() -> str:
@@ -307,9 +311,9 @@ class Store:
             for r in self.db.query("SELECT * FROM anchors WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
 
-    def segments(self, doc_id: str) -> list[Segment]:
+    def segments(self, doc_id: str) -> list[Chunk]:
         return [
-            Segment(index=r.pop("idx"), **{k: v for k, v in r.items() if k not in ("doc_id", "id")})
+            Chunk(index=r.pop("idx"), **{k: v for k, v in r.items() if k not in ("doc_id", "id")})
             for r in self.db.query("SELECT * FROM segments WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
 

@@ -50,7 +50,7 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 
 def recheck(doc, c) -> bool:
     """Independent of the verifier: is the quote on the lines the citation names?"""
-    page = next(p for p in doc.pages if (p.label == c.section_id if c.section_id else p.n == c.page))
+    page = next(p for p in doc.pages if (p.label == c.element_id if c.element_id else p.n == c.page))
     # Lines joined by line breaks, as on the page: a word hyphenated at a line end ("non-" /
     # "exclusive") is one word to the normalisation, which it cannot see across a space.
     text = "\n".join(ln.text for ln in page.lines[c.line_start - 1 : c.line_end])

@@ -94,7 +94,7 @@ def recheck(store, c) -> bool:
     if c.page is not None:
         page = c.page
     else:
-        row = store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?", [c.doc_id, c.section_id]).fetchone()
+        row = store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?", [c.doc_id, c.element_id]).fetchone()
         if row is None:
             return False
         page = row[0]

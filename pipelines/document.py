@@ -74,6 +74,38 @@ class Location(Strict):
     label: str | None = None
 
 
+class Span(Strict):
+    """Where something lies in its document: the one provenance that sections, chunks,
+    passages, anchors, citations and search hits all give (their `.span`), and the one
+    place a `[PAGE:…, LINE:…]` label is written.
+
+    `page` is the 1-based page (PDF, text) or unit (HTML) where it starts and `page_end`
+    where it ends; `element_id` the HTML element id that HTML citations name instead of a
+    page; lines are 1-based within their page; chars are offsets into `Document.text`.
+    """
+
+    page: int | None = None
+    page_end: int | None = None  # None: the same page
+    element_id: str | None = None
+    line_start: int
+    line_end: int
+    char_start: int | None = None
+    char_end: int | None = None
+
+    def label(self, doc_id: str | None = None, *, line_range: bool = False) -> str:
+        """`[PAGE:p, LINE:a-b]`, `[SECTION:element-id, LINE:a-b]` for HTML, with `DOC:id, `
+        first when `doc_id` is given (answers over several documents). One line is written
+        `LINE:a`, or `LINE:a-a` with `line_range` (how passages have always been shown to
+        the model: prompts stay as they were). A span over pages names both ends."""
+        doc = f"DOC:{doc_id}, " if doc_id is not None else ""
+        where = f"SECTION:{self.element_id}" if self.element_id else f"PAGE:{self.page}"
+        if self.page_end is not None and self.page_end != self.page and not self.element_id:
+            return f"[{doc}{where}, LINE:{self.line_start}]-[PAGE:{self.page_end}, LINE:{self.line_end}]"
+        one = self.line_start == self.line_end and not line_range
+        lines = f"{self.line_start}" if one else f"{self.line_start}-{self.line_end}"
+        return f"[{doc}{where}, LINE:{lines}]"
+
+
 class Section(Strict):
     id: str  # stable within the document: "s1", "s2", ... in reading order
     number: str | None  # "5.2.1", "ARTICLE 7", "Exhibit B", "第一百四十三条"
@@ -88,6 +120,12 @@ class Section(Strict):
     line_end: int
     element_id: str | None = None  # HTML citation target
 
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page_start, page_end=self.page_end, element_id=self.element_id,
+                    line_start=self.line_start, line_end=self.line_end,
+                    char_start=self.char_start, char_end=self.char_end)
+
 
 class Anchor(Strict):
     type: AnchorType
@@ -101,8 +139,17 @@ class Anchor(Strict):
     section_id: str | None = None  # the section the anchor lies in
     target_section_id: str | None = None  # CLAUSE: the section it points at, when found
 
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page, line_start=self.line, line_end=self.line,
+                    char_start=self.char_start, char_end=self.char_end)
 
-class Segment(Strict):
+
+class Chunk(Strict):
+    """About `segment_tokens` tokens of consecutive lines (`ingest.chunks`): the unit the
+    map-reduce and summary steps read, stored in the `segments` table and counted as
+    "segments" by the CLI. Not the engine's `Segment`, a block of KV cache."""
+
     index: int
     char_start: int
     char_end: int
@@ -112,6 +159,11 @@ class Segment(Strict):
     line_end: int
     token_count: int
     text: str
+
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page_start, page_end=self.page_end, line_start=self.line_start,
+                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
 
 
 class Passage(Strict):
@@ -130,10 +182,13 @@ class Passage(Strict):
     section_id: str | None = None
     score: float = 0.0  # filled in by retrieval
 
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page, element_id=self.label, line_start=self.line_start,
+                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
+
     def cite_label(self, *, with_doc: bool = False) -> str:
-        doc = f"DOC:{self.doc_id}, " if with_doc else ""
-        where = f"SECTION:{self.label}" if self.label else f"PAGE:{self.page}"
-        return f"[{doc}{where}, LINE:{self.line_start}-{self.line_end}]"
+        return self.span.label(self.doc_id if with_doc else None, line_range=True)
 
 
 class Document(Strict):
@@ -146,7 +201,7 @@ class Document(Strict):
     pages: list[Page]
     sections: list[Section] = Field(default_factory=list)
     anchors: list[Anchor] = Field(default_factory=list)
-    segments: list[Segment] = Field(default_factory=list)
+    segments: list[Chunk] = Field(default_factory=list)
     metadata: dict[str, str | int | float | bool | None | list[str]] = Field(default_factory=dict)
 
     def _line_starts(self) -> tuple[list[int], list[tuple[int, int]]]:

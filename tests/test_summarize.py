@@ -107,7 +107,7 @@ def test_contract_parties_and_statement_kinds(store):
 
 def test_free_text_sentences_without_a_statement_number_are_dropped_and_counted(store):
     _, doc = store
-    c = Citation(doc_id=doc.doc_id, page=2, section_id=None, line_start=1, line_end=1, quote="x", verified=True)
+    c = Citation(doc_id=doc.doc_id, page=2, element_id=None, line_start=1, line_end=1, quote="x", verified=True)
     numbered = [Statement(doc_id=doc.doc_id, segment=0, text="a", citations=[c]),
                 Statement(doc_id=doc.doc_id, segment=0, text="b", citations=[c.model_copy(update={"line_start": 2,
                                                                                                  "line_end": 2})])]
@@ -194,7 +194,7 @@ def test_clustering_by_embedding_and_by_section(store):
 
     def at(section_number, text):
         sec = art[section_number]
-        c = Citation(doc_id=doc.doc_id, page=sec.page_start, section_id=None, line_start=1, line_end=1, quote=text,
+        c = Citation(doc_id=doc.doc_id, page=sec.page_start, element_id=None, line_start=1, line_end=1, quote=text,
                      verified=True, char_start=sec.char_start + 1, char_end=sec.char_start + 2)
         return Statement(doc_id=doc.doc_id, segment=0, text=text, citations=[c])
 
@@ -301,7 +301,7 @@ def test_sentence_budget_follows_topic_sizes():
 
 
 def test_topic_sentences_spread_over_sections_and_party_blocks_over_the_document():
-    c = Citation(doc_id="d", page=1, section_id=None, line_start=1, line_end=1, quote="x", verified=True)
+    c = Citation(doc_id="d", page=1, element_id=None, line_start=1, line_end=1, quote="x", verified=True)
     members = [Statement(doc_id="d", segment=0, text=t, section_id=sec, citations=[c])
                for t, sec in [("a1", "s1"), ("a2", "s1"), ("b1", "s2"), ("c1", "s3"), ("a3", "s1")]]
     # Ranked a1 > a2 > a3 > b1 > c1: one per section first, then the rest in rank order.

@@ -22,7 +22,7 @@ def rechecks(store, c) -> bool:
     from docqa.pipelines.textnorm import normalize
 
     page = c.page or store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
-                                      [c.doc_id, c.section_id]).fetchone()[0]
+                                      [c.doc_id, c.element_id]).fetchone()[0]
     _, p = store.get_page(c.doc_id, page)
     return normalize(c.quote) in normalize("\n".join(ln.text for ln in p.lines[c.line_start - 1 : c.line_end]))
 
@@ -65,5 +65,5 @@ def test_paper_header_and_rfc_element_ids(store):
     rfc = ingest_path(store, CORPUS / "html/rfc9112_HTTP_1.1.html", max_bytes=200_000_000)["doc_id"]
     _, summ = summarize(store, [rfc], SummarizeSettings(evidence_only=True))
     cites = summ.citations()
-    assert cites and all(c.page is None and c.section_id for c in cites)
+    assert cites and all(c.page is None and c.element_id for c in cites)
     assert all(rechecks(store, c) for c in cites)
