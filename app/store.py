@@ -190,7 +190,7 @@ class Store:
             cur = db.execute(
                 "INSERT INTO passages (doc_id, idx, page, label, line_start, line_end, char_start,"
                 " char_end, section_id, text, titles) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [did, p.index, p.page, p.label, p.line_start, p.line_end, p.char_start,
+                [did, p.index, p.page, p.element_id, p.line_start, p.line_end, p.char_start,
                  p.char_end, p.section_id, p.text, titles],
             )
             rowids["passages"].append(cur.lastrowid)
@@ -319,7 +319,8 @@ class Store:
 
     def passages(self, doc_id: str) -> list[Passage]:
         return [
-            Passage(index=r.pop("idx"), **{k: v for k, v in r.items() if k not in ("id", "titles")})
+            # The column `label` holds the passage's HTML element id (its page's label).
+            Passage(index=r.pop("idx"), element_id=r.pop("label"), **{k: v for k, v in r.items() if k not in ("id", "titles")})
             for r in self.db.query("SELECT * FROM passages WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
 

@@ -173,7 +173,7 @@ class Passage(Strict):
     doc_id: str
     index: int
     page: int
-    label: str | None  # HTML element id
+    element_id: str | None  # HTML: the element id its citations name (the page's label)
     line_start: int
     line_end: int
     char_start: int
@@ -184,7 +184,7 @@ class Passage(Strict):
 
     @property
     def span(self) -> Span:
-        return Span(page=self.page, element_id=self.label, line_start=self.line_start,
+        return Span(page=self.page, element_id=self.element_id, line_start=self.line_start,
                     line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
 
     def cite_label(self, *, with_doc: bool = False) -> str:

@@ -121,7 +121,7 @@ def test_one_label_for_every_span():
         "[DOC:abc123, SECTION:section-15.5.5, LINE:3-4]"
     c = Citation(doc_id="abc123", page=None, element_id="sec-2", line_start=5, line_end=5, quote="q")
     assert c.label() == "[SECTION:sec-2, LINE:5]" and c.label(with_doc=True) == "[DOC:abc123, SECTION:sec-2, LINE:5]"
-    p = Passage(doc_id="abc123", index=0, page=2, label=None, line_start=9, line_end=9, char_start=0, char_end=1,
+    p = Passage(doc_id="abc123", index=0, page=2, element_id=None, line_start=9, line_end=9, char_start=0, char_end=1,
                 text="x", section_id="s4")
     assert p.cite_label() == "[PAGE:2, LINE:9-9]" and p.span.char_end == 1
     # Each label parses back to the span it came from.

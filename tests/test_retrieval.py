@@ -219,7 +219,7 @@ def test_definitions_are_recognised(contract):
              '"Affiliate" shall have the meaning given in Section 2.']
     doc = assemble([RawPage(lines=[RawLine(text=t) for t in texts])], doc_id="d", content_sha256="1" * 64,
                    path="d.pdf", type="pdf")
-    passages = [Passage(doc_id="d", index=i, page=1, line_start=i + 1, line_end=i + 1, char_start=0, char_end=len(t), label=None,
+    passages = [Passage(doc_id="d", index=i, page=1, line_start=i + 1, line_end=i + 1, char_start=0, char_end=len(t), element_id=None,
                         text=t) for i, t in enumerate(texts)]
     assert definition_keys({"d": doc}, {"d": passages}) == {("d", 0), ("d", 2)}
     # A specification's section that defines its subject is operative text, not a glossary.

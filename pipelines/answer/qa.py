@@ -74,7 +74,7 @@ def evidence_passages(passages: list[Passage], k: int) -> list[Passage]:
     for p in passages:
         if len(out) >= k and len(pages) >= k or len(out) == 2 * k:
             break
-        key = (p.doc_id, p.page, p.label)
+        key = (p.doc_id, p.page, p.element_id)
         if len(out) < k or key not in pages:
             pages.add(key)
             out.append(p)

@@ -45,7 +45,7 @@ def make_passages(doc: Document) -> list[Passage]:
                         doc_id=doc.doc_id,
                         index=len(out),
                         page=page.n,
-                        label=page.label,
+                        element_id=page.label,
                         line_start=a.n,
                         line_end=b.n,
                         char_start=a.start,
