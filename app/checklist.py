@@ -16,7 +16,7 @@ A checklist is a YAML (`.yaml`/`.yml`) or TOML (`.toml`) file:
 
 Every item is asked of every document. A `compare` item asks nothing itself: it reads the
 answers to its two items on the same document and reports `[CONFLICT: a vs b]` findings
-that cite both clauses (see `pipelines.conflicts`). Unknown keys are errors, so a typo
+that cite both clauses (see `pipelines.answer.conflicts`). Unknown keys are errors, so a typo
 ("hint:") is reported instead of silently ignored.
 """
 

@@ -1,4 +1,4 @@
-"""The `docqa` command line: thin typer commands over `app.store` and `pipelines.ingest`.
+"""The `docqa` command line: thin typer commands over `app.store` and `app.ingest`.
 
 Each command opens the store and calls the library; typed errors (any `DocqaError`, errors.py)
 become one line on stderr and exit code 1. Anything else is a bug: users see one line too, but
@@ -21,10 +21,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
+from ..pipelines.ingest.chunks import SEGMENT_TOKENS
 from . import config
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, IngestProgress, cli_errors, collect_files, db_option,
-                     err, error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
+                     err, error_line, json_option, open_store, out, print_json, printable, short)
 
 app = typer.Typer(
     name="docqa",
@@ -65,7 +66,7 @@ def ingest(
     segment_tokens: Annotated[
         int,
         typer.Option(help="Target size of the segments the engine reads.", min=64),
-    ] = 2048,
+    ] = SEGMENT_TOKENS,
 ) -> None:
     """Ingest PDF, HTML, Markdown and text files into the database.
 
@@ -78,6 +79,8 @@ def ingest(
 
     Example: docqa ingest contracts/ spec.pdf --json   (or: curl -s URL | docqa ingest -)
     """
+    from .ingest import ingest_path
+
     max_bytes = config.max_file_bytes()
     files = collect_files(paths)
     results: list[dict] = []
@@ -86,7 +89,7 @@ def ingest(
         for f in files:
             progress.start_file(f.name)
             try:
-                result = ingest_one(store, f, max_bytes, segment_tokens, on_page=progress.page)
+                result = ingest_path(store, f, max_bytes=max_bytes, segment_tokens=segment_tokens, on_page=progress.page)
             except IngestError as e:
                 failed += 1
                 results.append({"path": str(f), "error": e.reason})
@@ -106,7 +109,7 @@ def ingest(
     if as_json:
         print_json(results)
     if not files:
-        from ..pipelines.ingest import EXTENSIONS
+        from ..pipelines.ingest.source import EXTENSIONS
 
         error_line("no ingestible files found (supported: " + ", ".join(sorted(EXTENSIONS)) + ")")
     ok = len(results) - failed
@@ -165,7 +168,7 @@ def show(
 
     Example: docqa show 3f2a9c01b7de --page 12 --json
     """
-    from ..pipelines.ocr import ocr_note
+    from ..pipelines.ingest.ocr import ocr_note
 
     with open_store(db) as store:
         if page is not None:
@@ -429,7 +432,7 @@ def citation_line(c, *, multi: bool = False) -> str:
 
 
 def print_run(run, *, show_draft: bool = False) -> None:
-    from ..pipelines.query import preview
+    from ..pipelines.answer.query import preview
 
     multi = len(run.doc_ids) > 1
     if run.status == "answered":

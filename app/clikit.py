@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Callable, Optional
 import typer
 from rich.console import Console
 
-from ..pipelines.errors import IngestError
 from . import config
 from .errors import DocqaError
+from .ingest import STDIN
 
 if TYPE_CHECKING:
     from .store import Store
@@ -93,13 +93,10 @@ def print_json(value) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=2) + "\n")
 
 
-STDIN = Path("-")  # as a PATH to ingest: read the document from standard input
-
-
 def collect_files(paths: list[Path]) -> list[Path]:
     """Files named directly (any type: an unsupported one is then reported) and, below
     folders, the files with a supported extension, sorted, skipping hidden ones."""
-    from ..pipelines.ingest import EXTENSIONS
+    from ..pipelines.ingest.source import EXTENSIONS
 
     found: list[Path] = []
     for p in paths:
@@ -115,57 +112,6 @@ def collect_files(paths: list[Path]) -> list[Path]:
         else:
             found.append(p)
     return list(dict.fromkeys(found))
-
-
-def read_stdin(max_bytes: int):
-    """`-` as a file: the document is read from standard input and its type sniffed from its
-    bytes (PDF magic, an HTML tag near the start, else text). Recorded with the path `<stdin>`."""
-    from ..pipelines.ingest import Source, doc_id_for, detect_type
-
-    name = Path("<stdin>")
-    data = sys.stdin.buffer.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise IngestError(str(name), f"input too large (the limit is {max_bytes:,} bytes)")
-    if not data:
-        raise IngestError(str(name), "empty input (0 bytes)")
-    head = data[:1024].lstrip().lower()
-    ext = ".html" if head.startswith((b"<!doctype html", b"<html", b"<?xml")) or b"<html" in head else ".txt"
-    kind = detect_type(name.with_suffix(ext), data)
-    doc_id, sha256 = doc_id_for(data)
-    return Source(path=name, data=data, type=kind, doc_id=doc_id, sha256=sha256)
-
-
-def load(path: Path, **kw):
-    from ..pipelines.ingest import load
-
-    return load(path, **kw)
-
-
-def build(source, **kw):
-    from ..pipelines.ingest import build
-
-    return build(source, **kw)
-
-
-def ingest_one(store: Store, path: Path, max_bytes: int, segment_tokens: int, on_page=None) -> dict:
-    """Ingest one file (or `-`); `on_page(step, done, total)` while a PDF's pages are read."""
-    source = read_stdin(max_bytes) if path == STDIN else load(path, max_bytes=max_bytes)
-    if store.has(source.doc_id):
-        # Known content: skip parsing entirely.
-        status = store.add_path(source.doc_id, str(source.path))
-        info = store.info(source.doc_id)
-        counts = dict(pages=info.pages, sections=info.sections, anchors=info.anchors,
-                      segments=info.segments, type=info.type)
-    else:
-        doc = build(source, segment_tokens=segment_tokens, on_page=on_page)
-        status = store.add_document(doc).status
-        counts = dict(pages=len(doc.pages), sections=len(doc.sections),
-                      anchors=len(doc.anchors), segments=len(doc.segments), type=doc.type)
-        encoding = str((doc.metadata or {}).get("encoding", ""))
-        if "replaced" in encoding:  # pipelines/text.py: mostly UTF-8, a few bytes damaged
-            counts["warning"] = f"decoded as {encoding}"
-    return {"doc_id": source.doc_id, "path": str(source.path), "type": counts.pop("type"),
-            **counts, "status": status}
 
 
 class IngestProgress:

@@ -2,7 +2,7 @@
 reads is read here, and nowhere else (the engine's are read in engine/environment.py).
 
     DOCQA_DB               the database file (else $XDG_DATA_HOME/docqa/docqa.db)
-    DOCQA_MAX_FILE_BYTES   the ingest size limit (else pipelines.ingest's DEFAULT_MAX_BYTES)
+    DOCQA_MAX_FILE_BYTES   the ingest size limit (else pipelines/ingest/source.py's DEFAULT_MAX_BYTES)
     DOCQA_MODEL            the model `ask` uses: a checkpoint or openai:URL#MODEL (else the default)
     DOCQA_OPENAI_API_KEY   the bearer token for a model server started with an API key
     DOCQA_DEBUG            unexpected exceptions raise with their traceback
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..pipelines.ingest import DEFAULT_MAX_BYTES
+from ..pipelines.ingest.source import DEFAULT_MAX_BYTES
 from .errors import DocqaError
 
 BUSY_TIMEOUT_S = 10.0

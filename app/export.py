@@ -18,8 +18,8 @@ from typing import Literal
 
 import jinja2
 
-from ..pipelines.citations import Citation
-from ..pipelines.html import link_target
+from ..pipelines.answer.citations import Citation
+from ..pipelines.ingest.html import link_target
 from .errors import DocqaError
 from .jobs import JobError, get_job, job_runs
 from .runs import Run, RunNotFound, get_run
@@ -92,8 +92,8 @@ def source_href(path: str, doc_type: str, c: Citation) -> str | None:
     if not p.is_absolute():
         return None
     uri = p.as_uri()
-    if c.section_id:
-        return f"{uri}#{link_target(c.section_id)}"
+    if c.element_id:
+        return f"{uri}#{link_target(c.element_id)}"
     if doc_type == "pdf" and c.page:
         return f"{uri}#page={c.page}"
     return uri
@@ -105,10 +105,10 @@ def _view(store: Store, c: Citation, doc_cache: dict) -> CitationView:
         doc_cache[c.doc_id] = row or ("", "")
     path, doc_type = doc_cache[c.doc_id]
     lines = f"line {c.line_start}" if c.line_start == c.line_end else f"lines {c.line_start}-{c.line_end}"
-    label = f"§ {c.section_id}, {lines}" if c.section_id else f"p. {c.page}, {lines}"
+    label = f"§ {c.element_id}, {lines}" if c.element_id else f"p. {c.page}, {lines}"
     return CitationView(doc_id=c.doc_id, label=label, marker=c.label(),
                         href=source_href(path, doc_type, c) if path else None, quote=c.quote,
-                        verified=c.verified, page=c.page, section_id=c.section_id,
+                        verified=c.verified, page=c.page, section_id=c.element_id,
                         line_start=c.line_start, line_end=c.line_end, supports=c.supports)
 
 

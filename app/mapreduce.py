@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from ..pipelines.mapreduce import Extraction, map_segment, reduce_extractions
-from ..pipelines.qa import Generate, evidence_citations, judge
-from ..pipelines.support import for_documents, need_of
-from ..pipelines.retrieval import retrieve
+from ..pipelines.answer.mapreduce import Extraction, map_segment, reduce_extractions
+from ..pipelines.answer.qa import Generate, evidence_citations, judge
+from ..pipelines.answer.support import for_documents, need_of
+from ..pipelines.answer.retrieval import retrieve
 from .service import AskSettings, Runtime
 from .runs import Run, save_run
 from .store import Store

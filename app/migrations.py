@@ -13,9 +13,12 @@ from typing import Callable
 
 from sqlite_utils import Database
 
-# Retrieval units and the tokenizers each is indexed with; `pipelines.search` decides
+# Retrieval units and the tokenizers each is indexed with; `pipelines.fulltext` decides
 # what text goes into each index and how a question becomes a MATCH expression.
 FTS_UNITS = ("segments", "pages", "passages")
+# The text columns of each unit's index (`pipelines.ingest.record.Record.search_text`
+# holds one value per column, in this order).
+FTS_COLUMNS = {"segments": ("text",), "pages": ("text",), "passages": ("text", "titles")}
 FTS_TOKENIZERS = {
     "unicode61": "unicode61 remove_diacritics 2",
     "trigram": "trigram",
@@ -116,7 +119,7 @@ def m001_initial(db: Database) -> None:
             UNIQUE (doc_id, idx)
         )""",
     ]
-    # The indexes are built from normalised text (pipelines.search.index_text), which is
+    # The indexes are built from normalised text (pipelines.fulltext.index_text), which is
     # never read back, so they are contentless (half the size); rowid = pages.id /
     # segments.id. Removing a row takes the 'delete' command with that same index text.
     for unit in ("segments", "pages"):
@@ -295,8 +298,33 @@ def m007_citation_supports(db: Database) -> None:
     _run(db, ["ALTER TABLE citations ADD COLUMN supports INTEGER"])
 
 
+def m008_passage_titles(db: Database) -> None:
+    """Each passage's section titles, as its FTS row holds them, stored beside it: the record
+    (`pipelines.ingest.record`) brings them, and removing a document deletes its FTS rows
+    with them instead of working them out again. Filled in here for documents stored before."""
+    from ..pipelines.document import Section
+    from ..pipelines.ingest.passages import passage_titles
+
+    db.execute("ALTER TABLE passages ADD COLUMN titles TEXT NOT NULL DEFAULT ''")
+    doc_ids = [r[0] for r in db.execute("SELECT DISTINCT doc_id FROM passages")]
+    for did in doc_ids:
+        sections = [Section(**{k: v for k, v in r.items() if k not in ("doc_id", "ord")})
+                    for r in db.query("SELECT * FROM sections WHERE doc_id = ? ORDER BY ord", [did])]
+        rows = list(db.query("SELECT id, section_id FROM passages WHERE doc_id = ? ORDER BY idx", [did]))
+        titles = passage_titles(sections, [_SectionOf(r["section_id"]) for r in rows])
+        db.conn.executemany("UPDATE passages SET titles = ? WHERE id = ?",
+                            [(t, r["id"]) for t, r in zip(titles, rows)])
+
+
+class _SectionOf:
+    """What `passage_titles` reads of a passage: the section it lies in."""
+
+    def __init__(self, section_id: str | None):
+        self.section_id = section_id
+
+
 MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs, m005_map_results,
-                                                m006_summaries, m007_citation_supports]
+                                                m006_summaries, m007_citation_supports, m008_passage_titles]
 
 
 def applied(db: Database) -> set[str]:

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..pipelines.context import READ_ALL_PROMPT, document_for_model
+from ..pipelines.answer.prompt import READ_ALL_PROMPT, document_for_model
 from ..pipelines.document import Document
-from ..pipelines.qa import Generate
-from ..pipelines.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
+from ..pipelines.answer.qa import Generate
+from ..pipelines.answer.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
 from . import config
 from .errors import DocqaError
 from .remote import RemoteModel, is_remote

@@ -8,7 +8,7 @@ same pair. So a job killed at any moment and started again skips what is stored,
 only what was in flight, and ends with every pair answered exactly once.
 
 Items run in two phases: the questions, then the `compare` items, which read the answers
-to their two items on the same document (`pipelines.conflicts`).
+to their two items on the same document (`pipelines/answer/conflicts.py`).
 
 Two ways to run an item, chosen by the executor (`Executor.shares_database`):
 - local workers (`run_item`) open the database by path, call `ask()` and store the run;
@@ -34,13 +34,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..pipelines.conflicts import Finding, detect_conflicts
+from ..pipelines.answer.conflicts import Finding, detect_conflicts
 from ..pipelines.document import Document
-from ..pipelines.errors import IngestError
-from ..pipelines.ingest import Source, build
-from ..pipelines.passages import Passage
-from ..pipelines.qa import Answer, answer_question
-from ..pipelines.retrieval import retrieve
+from ..pipelines.document import Passage
+from ..pipelines.answer.qa import Answer, answer_question
+from ..pipelines.answer.retrieval import retrieve
 from .service import EVIDENCE_POOL, AskSettings, Runtime, ask
 from .checklist import Checklist, ChecklistItem
 from .errors import DocqaError
@@ -308,14 +306,6 @@ def _remote_results(store: Store, executor: Executor, tasks: list[dict]):
     for payload, out in executor.map(answer_item, payloads):
         task = payload["task"]
         yield task, (out if "error" in out else _store_answer(store, task, out))
-
-
-def parse_source(source: Source) -> dict:
-    """On a worker: parse a loaded file (OCR included) into a document; the driver stores it."""
-    try:
-        return {"doc": build(source)}
-    except IngestError as e:
-        return {"error": str(e)}
 
 
 def _model_judgement(runtime: Runtime, item, doc_id, docs, passages, runs, settings) -> dict:

@@ -15,7 +15,7 @@ from rich.text import Text
 from ..pipelines.errors import IngestError
 from . import config
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_files, db_option, err,
-                     error_line, ingest_one, json_option, open_store, out, print_json, printable, short)
+                     error_line, json_option, open_store, out, print_json, printable, short)
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .errors import DocqaError
 from .tables import review_table
@@ -40,9 +40,11 @@ def _documents(store: Store, paths: list[Path], executor=None, on_file=None) -> 
             docs.append((did, store.info(did).path))
     if executor is not None and not executor.shares_database:
         return list(dict.fromkeys(docs + _ingest_remote(store, files, executor, on_file)))
+    from .ingest import ingest_path
+
     for f in files:
         try:
-            r = ingest_one(store, f, config.max_file_bytes(), 2048)
+            r = ingest_path(store, f)
         except IngestError as e:
             error_line(str(e))
             continue
@@ -53,19 +55,17 @@ def _documents(store: Store, paths: list[Path], executor=None, on_file=None) -> 
 def _ingest_remote(store: Store, files: list[Path], executor, on_file) -> list[tuple[str, str]]:
     """Parse new files on the executor's workers (the file's bytes travel with the task, so
     workers need no shared filesystem); store each document here as it comes back."""
-    from ..pipelines.ingest import load
-    from .review import parse_source
+    from .ingest import add_known, add_record, open_source, parse_source
 
     docs, new, order = [], [], {}
     for f in files:
         try:
-            source = load(f, max_bytes=config.max_file_bytes())
+            source = open_source(f)
         except IngestError as e:
             error_line(str(e))
             continue
         order.setdefault(source.doc_id, len(order))
-        if store.has(source.doc_id):
-            store.add_path(source.doc_id, str(source.path))
+        if add_known(store, source) is not None:
             docs.append((source.doc_id, str(source.path)))
         else:
             new.append(source)
@@ -75,7 +75,7 @@ def _ingest_remote(store: Store, files: list[Path], executor, on_file) -> list[t
         if "error" in out:
             error_line(out["error"])
         else:
-            store.add_document(out["doc"])
+            add_record(store, source, out["record"])
             docs.append((source.doc_id, str(source.path)))
         if on_file:
             on_file(source, len(new))

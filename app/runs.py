@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..pipelines.citations import Citation
-from ..pipelines.qa import Answer
+from ..pipelines.answer.citations import Citation
+from ..pipelines.answer.qa import Answer
 from .errors import DocqaError
 from .store import Store
 
@@ -94,7 +94,7 @@ def save_run(
         rows = []
         for role, cites in (("answer", run.citations), ("evidence", run.evidence), ("draft", run.draft_citations)):
             for i, c in enumerate(cites):
-                rows.append((run.id, i, role, c.doc_id, c.page, c.section_id, c.line_start,
+                rows.append((run.id, i, role, c.doc_id, c.page, c.element_id, c.line_start,
                              c.line_end, c.quote, c.segment_id, int(c.verified), int(c.relocated),
                              c.char_start, c.char_end, c.note, None if c.supports is None else int(c.supports)))
         db.conn.executemany(

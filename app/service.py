@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from ..pipelines.document import Document
-from ..pipelines.passages import Passage
-from ..pipelines.qa import answer_question, check_answer, evidence_citations
-from ..pipelines.retrieval import retrieve
+from ..pipelines.document import Passage
+from ..pipelines.answer.qa import answer_question, check_answer, evidence_citations
+from ..pipelines.answer.retrieval import retrieve
 from . import config
 from .config import AskSettings
 from .errors import DocqaError

@@ -1,6 +1,8 @@
 """The SQLite store: documents and their structure, anchors, segments and FTS indexes.
 
-Library first (the CLI calls one method per command). Opened in WAL mode with a busy
+It writes the records `pipelines.ingest.record` builds, and reads them back; it makes none
+of their contents (passages, titles, index text). Library first (the CLI calls one method
+per command). Opened in WAL mode with a busy
 timeout so several processes can share one file; every write runs in one IMMEDIATE
 transaction, so a document is stored completely or not at all.
 """
@@ -17,13 +19,11 @@ from typing import Iterator, Literal
 
 from sqlite_utils import Database
 
-from ..pipelines.document import Anchor, Document, Line, Page, Section, Segment
-from ..pipelines.passages import Passage, make_passages
-from ..pipelines.retrieval import TITLE_WEIGHT, passage_titles
-from ..pipelines.search import TOKENIZERS, build_match, index_text
+from ..pipelines.document import Anchor, Chunk, Document, Line, Page, Passage, Record, Section, Span
+from ..pipelines.fulltext import TITLE_WEIGHT, TOKENIZERS, build_match, index_text
 from .config import BUSY_TIMEOUT_S
 from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreError
-from .migrations import FTS_UNITS, fts_table, migrate
+from .migrations import FTS_COLUMNS, FTS_UNITS, fts_table, migrate
 
 AddStatus = Literal["added", "already ingested", "new path"]
 
@@ -61,6 +61,10 @@ class Hit:
     line_end: int
     bm25: float
     text: str
+
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page_start, page_end=self.page_end, line_start=self.line_start, line_end=self.line_end)
 
 
 def _now() -> str:
@@ -111,9 +115,10 @@ class Store:
 
     # -- writing -----------------------------------------------------------------------
 
-    def add_document(self, doc: Document) -> AddResult:
-        """Store a whole document in one transaction. The same content again is a no-op
-        ("already ingested"), or only records the new path it came from ("new path")."""
+    def add_record(self, record: Record) -> AddResult:
+        """Store a document's whole record in one transaction. The same content again is a
+        no-op ("already ingested"), or only records the new path it came from ("new path")."""
+        doc = record.document
         page_texts = [doc.text[p.start : p.end] for p in doc.pages]
         if "\f".join(page_texts) != doc.text:
             raise ValueError(f"{doc.doc_id}: pages do not tile the text; build it with assemble()")
@@ -127,10 +132,11 @@ class Store:
                         f"{doc.path}: id {doc.doc_id} already belongs to different content"
                     )
                 return AddResult(doc.doc_id, self._record_path(db, doc.doc_id, doc.path))
-            self._insert(db, doc, page_texts)
+            self._insert(db, record, page_texts)
         return AddResult(doc.doc_id, "added")
 
-    def _insert(self, db: Database, doc: Document, page_texts: list[str]) -> None:
+    def _insert(self, db: Database, record: Record, page_texts: list[str]) -> None:
+        doc = record.document
         did = doc.doc_id
         now = _now()
         db.execute(
@@ -143,7 +149,7 @@ class Store:
             "INSERT INTO document_paths (doc_id, path, added_at) VALUES (?, ?, ?)",
             [did, doc.path, now],
         )
-        page_ids = []
+        rowids: dict[str, list[int]] = {"pages": [], "segments": [], "passages": []}
         for p, text in zip(doc.pages, page_texts):
             lines = json.dumps([[ln.n, ln.start, ln.end, ln.role] for ln in p.lines])
             cur = db.execute(
@@ -151,7 +157,7 @@ class Store:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [did, p.n, p.label, p.start, p.end, text, lines],
             )
-            page_ids.append((cur.lastrowid, text))
+            rowids["pages"].append(cur.lastrowid)
         db.conn.executemany(
             "INSERT INTO sections (doc_id, ord, id, number, title, level, parent_id, char_start,"
             " char_end, page_start, line_start, page_end, line_end, element_id)"
@@ -172,7 +178,6 @@ class Store:
                 for i, a in enumerate(doc.anchors)
             ],
         )
-        segment_ids = []
         for s in doc.segments:
             cur = db.execute(
                 "INSERT INTO segments (doc_id, idx, char_start, char_end, page_start, line_start,"
@@ -180,28 +185,20 @@ class Store:
                 [did, s.index, s.char_start, s.char_end, s.page_start, s.line_start, s.page_end,
                  s.line_end, s.token_count, s.text],
             )
-            segment_ids.append((cur.lastrowid, s.text))
-        passage_ids = []
-        passages = make_passages(doc)
-        for p, titles in zip(passages, passage_titles(doc, passages)):
+            rowids["segments"].append(cur.lastrowid)
+        for p, titles in zip(record.passages, record.titles):
             cur = db.execute(
                 "INSERT INTO passages (doc_id, idx, page, label, line_start, line_end, char_start,"
-                " char_end, section_id, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [did, p.index, p.page, p.label, p.line_start, p.line_end, p.char_start,
-                 p.char_end, p.section_id, p.text],
+                " char_end, section_id, text, titles) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [did, p.index, p.page, p.element_id, p.line_start, p.line_end, p.char_start,
+                 p.char_end, p.section_id, p.text, titles],
             )
-            passage_ids.append((cur.lastrowid, p.text, titles))
-        for unit, rows in (("pages", page_ids), ("segments", segment_ids)):
-            for tok in TOKENIZERS:
-                db.conn.executemany(
-                    f"INSERT INTO {fts_table(unit, tok)} (rowid, text) VALUES (?, ?)",
-                    [(rowid, index_text(text, tok)) for rowid, text in rows],
-                )
-        for tok in TOKENIZERS:
-            db.conn.executemany(
-                f"INSERT INTO {fts_table('passages', tok)} (rowid, text, titles) VALUES (?, ?, ?)",
-                [(rowid, index_text(text, tok), index_text(titles, tok)) for rowid, text, titles in passage_ids],
-            )
+            rowids["passages"].append(cur.lastrowid)
+        for (unit, tok), rows in record.search_text.items():
+            cols = FTS_COLUMNS[unit]
+            db.conn.executemany(f"INSERT INTO {fts_table(unit, tok)} (rowid, {', '.join(cols)})"
+                                f" VALUES (?{', ?' * len(cols)})",
+                                [(rowid, *cells) for rowid, cells in zip(rowids[unit], rows, strict=True)])
 
     def rename(self, ref: str, title: str) -> str:
         """Give a document a title (what `docs`, reviews and exports show); its doc id."""
@@ -220,16 +217,11 @@ class Store:
         citations and job items), and its citations in runs over several documents.
         Returns what was removed (counts)."""
         did = self.resolve(ref)
-        doc = self.get_document(did)
         with self.transaction() as db:
             # Contentless FTS5 rows are deleted with the exact text they were indexed with.
             pages = db.execute("SELECT id, text FROM pages WHERE doc_id = ?", [did]).fetchall()
             segments = db.execute("SELECT id, text FROM segments WHERE doc_id = ?", [did]).fetchall()
-            rows = db.execute("SELECT id, idx, page, label, line_start, line_end, char_start, char_end,"
-                              " section_id, text FROM passages WHERE doc_id = ? ORDER BY idx", [did]).fetchall()
-            passages = [Passage(doc_id=did, index=r[1], page=r[2], label=r[3], line_start=r[4], line_end=r[5],
-                                char_start=r[6], char_end=r[7], section_id=r[8], text=r[9]) for r in rows]
-            titles = passage_titles(doc, passages)
+            passages = db.execute("SELECT id, text, titles FROM passages WHERE doc_id = ?", [did]).fetchall()
             for tok in TOKENIZERS:
                 for unit, items in (("pages", pages), ("segments", segments)):
                     table = fts_table(unit, tok)
@@ -238,7 +230,7 @@ class Store:
                 table = fts_table("passages", tok)
                 db.conn.executemany(
                     f"INSERT INTO {table} ({table}, rowid, text, titles) VALUES ('delete', ?, ?, ?)",
-                    [(r[0], index_text(r[9], tok), index_text(t, tok)) for r, t in zip(rows, titles)])
+                    [(rowid, index_text(text, tok), index_text(titles, tok)) for rowid, text, titles in passages])
             runs = [(rid, json.loads(ids)) for rid, ids in db.execute(
                 "SELECT id, doc_ids FROM runs WHERE EXISTS (SELECT 1 FROM json_each(runs.doc_ids)"
                 " WHERE json_each.value = ?)", [did])]
@@ -319,15 +311,16 @@ class Store:
             for r in self.db.query("SELECT * FROM anchors WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
 
-    def segments(self, doc_id: str) -> list[Segment]:
+    def segments(self, doc_id: str) -> list[Chunk]:
         return [
-            Segment(index=r.pop("idx"), **{k: v for k, v in r.items() if k not in ("doc_id", "id")})
+            Chunk(index=r.pop("idx"), **{k: v for k, v in r.items() if k not in ("doc_id", "id")})
             for r in self.db.query("SELECT * FROM segments WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
 
     def passages(self, doc_id: str) -> list[Passage]:
         return [
-            Passage(index=r.pop("idx"), **{k: v for k, v in r.items() if k != "id"})
+            # The column `label` holds the passage's HTML element id (its page's label).
+            Passage(index=r.pop("idx"), element_id=r.pop("label"), **{k: v for k, v in r.items() if k not in ("id", "titles")})
             for r in self.db.query("SELECT * FROM passages WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
 
@@ -420,7 +413,7 @@ class Store:
         match: str | None = None,
     ) -> list[Hit]:
         """Passages ranked by SQLite's bm25 for a free-text `query` (made safe by
-        `pipelines.search.build_match`), or for a prepared FTS5 `match` expression."""
+        `pipelines.fulltext.build_match`), or for a prepared FTS5 `match` expression."""
         if unit not in FTS_UNITS:
             raise ValueError(f"unit must be one of {FTS_UNITS}, not {unit!r}")
         expr = match if match is not None else build_match(query, tokenizer)

@@ -16,7 +16,7 @@ the document travels with each task (shared once per worker), the extraction com
 and this process stores it, as `review` does. The finished summary is a run (kind
 "summary", so `runs`, `export` and `browse` list it) plus its structure in `summaries`.
 
-The model is a `generate` function (pipelines/qa.py's `Generate`) that `generate_for()` opens
+The model is a `generate` function (pipelines/answer/qa.py's `Generate`) that `generate_for()` opens
 as `ask` does (`Runtime.model`, app/service.py): the embedded engine (`--model` GGUF file or HF dir, `--device`),
 which decodes under a `QuotePlan`, or an OpenAI-compatible server (`openai:URL#MODEL`,
 app/remote.py), which writes freely: it runs with `quote=False` and its statements still rest
@@ -128,7 +128,7 @@ def _worker(db_path: str):
 
 
 def _extract(doc, seg_index: int, s: SummarizeSettings, generate):
-    from ..pipelines.summarize import extract_segment
+    from ..pipelines.answer.summarize import extract_segment
 
     if s.evidence_only:
         generate = None
@@ -162,7 +162,7 @@ def extract_task(payload: dict, generate=None) -> dict:
 
 def _map_segments(store: Store, executor, tasks: list[dict], docs: dict, generate):
     """(task, result) per segment task, stored as each finishes, on any executor."""
-    from ..pipelines.summarize import SegmentExtraction
+    from ..pipelines.answer.summarize import SegmentExtraction
 
     if executor.shares_database:
         fn = functools.partial(map_task, generate=generate) if generate is not None else map_task
@@ -186,7 +186,7 @@ def _map_segments(store: Store, executor, tasks: list[dict], docs: dict, generat
 
 
 def _extractions(store: Store, key: str, doc_ids: list[str]):
-    from ..pipelines.summarize import SegmentExtraction
+    from ..pipelines.answer.summarize import SegmentExtraction
 
     marks = ",".join("?" * len(doc_ids))
     rows = store.db.query(f"SELECT doc_id, segment, extraction FROM summary_segments WHERE settings_key = ?"
@@ -207,8 +207,8 @@ def summarize(
 ):
     """Summarise documents `refs`; returns (run, summary). `generate` replaces the model
     (tests, other model clients); `embed` the sentence encoder; `executor` the serial one."""
-    from ..pipelines.qa import Answer
-    from ..pipelines.summarize import (LENGTHS, ClusterSummary, cluster, cluster_key, merge, sentence_budget,
+    from ..pipelines.answer.qa import Answer
+    from ..pipelines.answer.summarize import (LENGTHS, ClusterSummary, cluster, cluster_key, merge, sentence_budget,
                                        summarise_cluster)
     from .executor import SerialExecutor
     from .service import Library
@@ -298,7 +298,7 @@ def summarize(
 
 def get_summary(store: Store, run_id: str):
     """The stored summary of a run, or None when the run is not a summary."""
-    from ..pipelines.summarize import Summary
+    from ..pipelines.answer.summarize import Summary
 
     row = store.db.execute("SELECT summary FROM summaries WHERE run_id = ?", [run_id]).fetchone()
     return Summary.model_validate_json(row[0]) if row else None

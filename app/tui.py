@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 
-from ..pipelines.citations import Citation
+from ..pipelines.answer.citations import Citation
 from .jobs import get_job, job_runs, list_jobs
 from .runs import Run, get_run, list_runs
 from .store import Store
@@ -191,7 +191,7 @@ class AnswerScreen(Screen):
 
     def _page_of_section(self, c: Citation) -> int:
         row = self.store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
-                                    [c.doc_id, c.section_id]).fetchone()
+                                    [c.doc_id, c.element_id]).fetchone()
         return row[0] if row else 1
 
 
@@ -238,7 +238,7 @@ class SummaryScreen(Screen):
         page = c.page
         if page is None:
             row = self.store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
-                                        [c.doc_id, c.section_id]).fetchone()
+                                        [c.doc_id, c.element_id]).fetchone()
             page = row[0] if row else 1
         self.app.push_screen(PageScreen(self.store, c.doc_id, page, (c.line_start, c.line_end)))
 

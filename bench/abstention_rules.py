@@ -4,7 +4,7 @@ Each row of an `ask_eval.py --all` jsonl holds the model's raw answer (quotes wi
 pages), the question, whether it is answerable and whether a kept answer cited the gold page.
 A rule decides from the question and the quotes alone whether the answer is kept or withheld
 as "Not found", so rules can be compared without running the model again. The first rule is
-the shipped one (`pipelines/qa.py` `on_subject`); it must reproduce the run's own counts
+the shipped one (`pipelines/answer/qa.py` `on_subject`); it must reproduce the run's own counts
 (printed last: the raw quotes stand in for the verified ones, so a run with unverified
 quotes could differ).
 
@@ -18,8 +18,8 @@ import json
 import re
 from pathlib import Path
 
-from docqa.pipelines.qa import _AFFIXES, content_words, on_subject, stem, subject_words
-from docqa.pipelines.query import analyze, quoted_phrases
+from docqa.pipelines.answer.qa import _AFFIXES, content_words, on_subject, stem, subject_words
+from docqa.pipelines.answer.query import analyze, quoted_phrases
 
 QUOTE = re.compile(r'"(.*?)"\s*\[PAGE:\d+')
 

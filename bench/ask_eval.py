@@ -38,9 +38,10 @@ from pathlib import Path
 
 from docqa.app.service import AskSettings, Library, Runtime, ask
 from docqa.app.store import Store
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.qa import check_answer
-from docqa.pipelines.support import Need, figures, need_of, subject_words
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.ingest.record import make_record
+from docqa.pipelines.answer.qa import check_answer
+from docqa.pipelines.answer.support import Need, figures, need_of, subject_words
 from docqa.pipelines.textnorm import normalize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 
 def recheck(doc, c) -> bool:
     """Independent of the verifier: is the quote on the lines the citation names?"""
-    page = next(p for p in doc.pages if (p.label == c.section_id if c.section_id else p.n == c.page))
+    page = next(p for p in doc.pages if (p.label == c.element_id if c.element_id else p.n == c.page))
     # Lines joined by line breaks, as on the page: a word hyphenated at a line end ("non-" /
     # "exclusive") is one word to the normalisation, which it cannot see across a space.
     text = "\n".join(ln.text for ln in page.lines[c.line_start - 1 : c.line_end])
@@ -136,7 +137,7 @@ def _ingest(store: Store, rels) -> dict[str, str]:
             pass
         print(f"ingesting {rel}", file=sys.stderr, flush=True)
         doc = ingest_file(CORPUS / rel)
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         store.add_path(doc.doc_id, str(CORPUS / rel))
         ids[rel] = doc.doc_id
     return ids
@@ -401,7 +402,7 @@ def main() -> int:
     ids = {}
     for rel in sorted(paths):
         doc = ingest_file(CORPUS / rel)
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         ids[rel] = doc.doc_id
     runtime = Runtime(store)
     margin = {} if args.abstain_margin is None else {"abstain_margin": args.abstain_margin}
@@ -438,7 +439,7 @@ def main() -> int:
         + (f" --abstain-margin {args.abstain_margin}" if args.abstain_margin is not None else "")
         + (" --no-subject-check" if args.no_subject_check else "") + f"` (seed {args.seed})",
         f"Model: {rfc.model}; settings: budget {settings.budget_tokens} tokens, max {settings.max_tokens} new tokens, greedy, "
-        + (f"quote-constrained answers (pipelines/quote_constraint.py), quoting from the "
+        + (f"quote-constrained answers (pipelines/answer/quote_constraint.py), quoting from the "
            f"{settings.quote_from or 'all'} best-ranked passages of the context" if settings.quote
            else "free-text answers")
         + f"; abstain margin {settings.abstain_margin}, subject check {'on' if settings.subject_check else 'off'}.",

@@ -9,7 +9,7 @@ product's `retrieve()` with in-memory FTS5 indexes built as the store builds the
     .venv/bin/python bench/filings_eval.py [--cache DIR] [--out FILE] [--docs PICKLE]
 
 `--cache` keeps the PDF parser's output for the filings between runs, keyed by the source of
-the parser (`pipelines/pdf.py`, `document.py`), so a change to the parser re-parses and
+the parser (`pipelines/ingest/pdf.py`, `document.py`), so a change to the parser re-parses and
 nothing stale is measured; structure, anchors and segments are rebuilt on every run. `--docs` reads
 a pickle of {file name: Document} instead (how the "before" row was measured: the filings
 parsed by the previous commit's code).
@@ -25,9 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from docqa.pipelines.passages import make_passages
-from docqa.pipelines.qa import evidence_passages
-from docqa.pipelines.retrieval import MemoryFts, MemoryPageFts, retrieve, top_pages
+from docqa.pipelines.ingest.passages import make_passages
+from docqa.pipelines.answer.qa import evidence_passages
+from docqa.pipelines.answer.memory_fts import MemoryFts, MemoryPageFts
+from docqa.pipelines.answer.retrieval import retrieve, top_pages
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
@@ -48,7 +49,8 @@ def pipeline_hash() -> str:
 
 
 def load_filings(cache: Path | None) -> dict:
-    from docqa.pipelines.ingest import finish, load, parse
+    from docqa.pipelines.ingest.build import finish, parse
+    from docqa.pipelines.ingest.source import load
 
     pkl = cache / f"filings-parsed-{pipeline_hash()}.pkl" if cache else None
     parsed = pickle.loads(pkl.read_bytes()) if pkl and pkl.exists() else {}

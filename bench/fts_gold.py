@@ -2,7 +2,7 @@
 
 For every gold span that carries `pdf_pages_1based` (spans shorter than 25 characters do
 not), search that contract's pages index and count a hit when one of the top-k pages is a
-gold page. Two ways to turn a span into a query, both built by `pipelines.search`:
+gold page. Two ways to turn a span into a query, both built by `pipelines.fulltext`:
 
 - words: the span's distinctive words (stopwords dropped, each quoted, OR-ed; the same
   builder a user's question goes through), ranked by SQLite's bm25. Robust to spans
@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from docqa.app.store import Store
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.search import TOKENIZERS, build_match, build_phrase
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.fulltext import TOKENIZERS, build_match, build_phrase
+from docqa.pipelines.ingest.record import make_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
@@ -53,7 +54,7 @@ def ingest_contracts(store: Store, spans: list[dict], corpus: Path = CORPUS) -> 
     ids = {}
     for doc_file in sorted({s["doc_file"] for s in spans}):
         doc = ingest_file(corpus / doc_file)
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         ids[doc_file] = doc.doc_id
     return ids
 

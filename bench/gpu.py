@@ -118,7 +118,7 @@ def ask_path(engine, prompt_tokens: int = 4096, decode_tokens: int = 64) -> dict
     ids = bench_prompt(engine.tokenizer, prompt_tokens)
     runs = [engine.generate(ids, decode_tokens, stop_ids=()) for _ in range(2)]  # Engine.load warmed it up
     # a chooser reads each step's logits on the host, as quote-constrained decoding does; the
-    # second also spends 3 ms of host time per token, what pipelines/quote_constraint.py took per
+    # second also spends 3 ms of host time per token, what pipelines/answer/quote_constraint.py took per
     # token with the default model on the CPU (the decode loop overlaps it with the next step)
     chosen = engine.generate(ids, decode_tokens, stop_ids=(), choose=lambda logits, out: int(logits.argmax()))
 

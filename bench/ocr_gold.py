@@ -19,8 +19,8 @@ import platform
 import time
 from pathlib import Path
 
-from docqa.pipelines.ocr import DPI, image_pdf, render_grey
-from docqa.pipelines.pdf import parse_pdf
+from docqa.pipelines.ingest.ocr import DPI, image_pdf, render_grey
+from docqa.pipelines.ingest.pdf import parse_pdf
 from docqa.pipelines.textnorm import contains
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"

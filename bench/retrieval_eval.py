@@ -1,7 +1,7 @@
 """Evidence retrieval on the CUAD gold subset: is a gold page among the top-k cited pages?
 
 For each answerable question whose gold spans carry PDF pages, the ranked passages of
-`pipelines.retrieval` are turned into distinct pages (as citations show them) and recall@1/3/5
+`pipelines.answer.retrieval` are turned into distinct pages (as citations show them) and recall@1/3/5
 is the share of questions with a gold page among the first 1/3/5. Each method is a set of
 signal weights, so every component is measured alone and in the fusion. The 50 unanswerable
 questions show what the top scores look like when nothing answers (for a "not found" cut).
@@ -26,30 +26,21 @@ check picks the best variant on two contracts and scores it on the third
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pickle
 import statistics
 import sys
 import time
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from docqa.pipelines.passages import make_passages
-from docqa.pipelines.query import analyze
-from docqa.pipelines.retrieval import (
-    FTS_LIMIT,
-    RRF_K,
-    WEIGHTS,
-    EmbeddingCache,
-    MemoryFts,
-    MemoryPageFts,
-    _bm25,
-    _pages,
-    fuse,
-    passage_titles,
-    passages_key,
-    signals,
-)
+from docqa.pipelines.answer.memory_fts import MemoryFts, MemoryPageFts
+from docqa.pipelines.answer.query import analyze
+from docqa.pipelines.answer.retrieval import FTS_LIMIT, RRF_K, WEIGHTS, Encoder, _bm25, _pages, fuse, signals
+from docqa.pipelines.document import Passage
+from docqa.pipelines.ingest.passages import make_passages, passage_titles
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 GOLD = CORPUS / "qa" / "cuad_gold_subset_3contracts.jsonl"
@@ -107,6 +98,35 @@ METHODS: dict[str, dict[str, float]] = {
     "before (2026-11-30: definitions in place, page bm25 at 0.5)": {**UNDEMOTED, "bm25_pages_undemoted": 0.5},
 }
 LEXICAL = METHODS["lexical fused"]
+
+
+def passages_key(passages: Sequence[Passage]) -> str:
+    """Identity of a document's passage list, for caching its embeddings."""
+    h = hashlib.sha256()
+    for p in passages:
+        h.update(p.text.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+class EmbeddingCache:
+    """Passage vectors per document, computed once. `store` is any mapping from
+    `passages_key` to an (n, d) array: a dict, or the `--cache` folder's arrays."""
+
+    def __init__(self, encoder: Encoder, store: MutableMapping[str, np.ndarray] | None = None):
+        self.encoder = encoder
+        self.store = {} if store is None else store
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.encoder.encode(texts)
+
+    def passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
+        key = passages_key(passages)
+        vecs = self.store.get(key)
+        if vecs is None or len(vecs) != len(passages):
+            vecs = self.encoder.encode([p.text for p in passages])
+            self.store[key] = vecs
+        return vecs
 
 
 def lexical_split_grid() -> dict:
@@ -215,7 +235,7 @@ def split_check(answerable: list[dict], grid: dict) -> list[dict]:
 
 
 def load_docs(cache: Path | None):
-    from docqa.pipelines.ingest import ingest_file
+    from docqa.pipelines.ingest.build import ingest_file
 
     pkl = cache / "docs.pkl" if cache else None
     if pkl and pkl.exists():
@@ -256,7 +276,7 @@ class TitledVectors:
         key = passages_key(ps) + "-titled"
         vecs = self.cache.store.get(key)
         if vecs is None or len(vecs) != len(ps):
-            titles = passage_titles(self.docs[ps[0].doc_id], ps)
+            titles = passage_titles(self.docs[ps[0].doc_id].sections, ps)
             vecs = self.cache.encode([f"{t}: {p.text}" if t else p.text for p, t in zip(ps, titles)])
             self.cache.store[key] = vecs
         return vecs

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from docqa.app.service import AskSettings
 from docqa.app.checklist import Checklist, load_checklist
-from docqa.app.clikit import ingest_one
+from docqa.app.ingest import ingest_path
 from docqa.app.executor import ProcessExecutor, RayExecutor, SerialExecutor
 from docqa.app.jobs import job_runs
 from docqa.app.review import run_review
@@ -64,7 +64,7 @@ def main() -> None:
     rows, ray_start = [], None
     with Store(args.db) as store:
         t0 = time.perf_counter()
-        docs = [(r["doc_id"], r["path"]) for r in (ingest_one(store, f, 10**9, 2048) for f in CONTRACTS)]
+        docs = [(r["doc_id"], r["path"]) for r in (ingest_path(store, f, max_bytes=10**9) for f in CONTRACTS)]
         ingest_s = time.perf_counter() - t0
         for mode, checklist, settings in (
             ("evidence-only", full, AskSettings(evidence_only=True)),

@@ -13,7 +13,7 @@ What it measures, all in one run:
   --page` prints them (the quote, normalised, within the cited lines); sentences dropped for
   want of a verified citation and statements whose quote did not verify, counted;
 - clustering: the CUAD gold spans of each contract (and of the three together) clustered
-  by the three methods of `pipelines.summarize.cluster` into as many groups as there are
+  by the three methods of `pipelines.answer.summarize.cluster` into as many groups as there are
   categories, scored against the categories (adjusted Rand index, normalised mutual info);
 - multi-document summaries: the three contracts (per-party obligations, key terms,
   cross-document conflicts), RFC 9110 + RFC 9112 (element-id citations), and the corpus
@@ -58,9 +58,9 @@ RFCS = ["html/rfc9110_HTTP_Semantics.html", "html/rfc9112_HTTP_1.1.html"]
 
 
 def ingest(store, rel: str) -> str:
-    from docqa.app.clikit import ingest_one
+    from docqa.app.ingest import ingest_path
 
-    return ingest_one(store, CORPUS / rel, 200_000_000, 2048)["doc_id"]
+    return ingest_path(store, CORPUS / rel, max_bytes=200_000_000)["doc_id"]
 
 
 def gold_pages() -> dict[str, dict[str, set[int]]]:
@@ -94,7 +94,7 @@ def recheck(store, c) -> bool:
     if c.page is not None:
         page = c.page
     else:
-        row = store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?", [c.doc_id, c.section_id]).fetchone()
+        row = store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?", [c.doc_id, c.element_id]).fetchone()
         if row is None:
             return False
         page = row[0]
@@ -138,8 +138,8 @@ def nmi(labels_true: list, labels_pred: list) -> float:
 
 def cluster_eval(docs: dict, items: list[tuple[str, str, str]], embed) -> dict[str, tuple[float, float, int]]:
     """items: (doc_id, category, span text) -> {method: (ARI, NMI, n)}."""
-    from docqa.pipelines.citations import find_in_document, relocate
-    from docqa.pipelines.summarize import Statement, cluster
+    from docqa.pipelines.answer.citations import find_in_document, relocate
+    from docqa.pipelines.answer.summarize import Statement, cluster
 
     stmts, cats = [], []
     for doc_id, cat, text in items:
@@ -247,7 +247,7 @@ def main() -> int:
     from docqa.app.service import Library
     from docqa.app.store import Store
     from docqa.app.summarize import SummarizeSettings, minilm_embed, summarize
-    from docqa.pipelines.summarize import first_sentences
+    from docqa.pipelines.answer.summarize import first_sentences
 
     cmd = "    .venv/bin/python bench/summarize_eval.py " + " ".join(sys.argv[1:])
     store = Store(args.db)

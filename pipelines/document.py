@@ -14,6 +14,7 @@ for HTML use the label instead of a page number.
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,7 +42,7 @@ class RawPage(Strict):
 
 class RawSection(Strict):
     """A section a parser knows structurally (HTML headings); PDFs and text get theirs
-    from `pipelines.sections`. `page` is the 1-based index of the unit whose first line is
+    from `pipelines/ingest/sections.py`. `page` is the 1-based index of the unit whose first line is
     the heading."""
 
     number: str | None
@@ -73,6 +74,38 @@ class Location(Strict):
     label: str | None = None
 
 
+class Span(Strict):
+    """Where something lies in its document: the one provenance that sections, chunks,
+    passages, anchors, citations and search hits all give (their `.span`), and the one
+    place a `[PAGE:…, LINE:…]` label is written.
+
+    `page` is the 1-based page (PDF, text) or unit (HTML) where it starts and `page_end`
+    where it ends; `element_id` the HTML element id that HTML citations name instead of a
+    page; lines are 1-based within their page; chars are offsets into `Document.text`.
+    """
+
+    page: int | None = None
+    page_end: int | None = None  # None: the same page
+    element_id: str | None = None
+    line_start: int
+    line_end: int
+    char_start: int | None = None
+    char_end: int | None = None
+
+    def label(self, doc_id: str | None = None, *, line_range: bool = False) -> str:
+        """`[PAGE:p, LINE:a-b]`, `[SECTION:element-id, LINE:a-b]` for HTML, with `DOC:id, `
+        first when `doc_id` is given (answers over several documents). One line is written
+        `LINE:a`, or `LINE:a-a` with `line_range` (how passages have always been shown to
+        the model: prompts stay as they were). A span over pages names both ends."""
+        doc = f"DOC:{doc_id}, " if doc_id is not None else ""
+        where = f"SECTION:{self.element_id}" if self.element_id else f"PAGE:{self.page}"
+        if self.page_end is not None and self.page_end != self.page and not self.element_id:
+            return f"[{doc}{where}, LINE:{self.line_start}]-[PAGE:{self.page_end}, LINE:{self.line_end}]"
+        one = self.line_start == self.line_end and not line_range
+        lines = f"{self.line_start}" if one else f"{self.line_start}-{self.line_end}"
+        return f"[{doc}{where}, LINE:{lines}]"
+
+
 class Section(Strict):
     id: str  # stable within the document: "s1", "s2", ... in reading order
     number: str | None  # "5.2.1", "ARTICLE 7", "Exhibit B", "第一百四十三条"
@@ -87,6 +120,12 @@ class Section(Strict):
     line_end: int
     element_id: str | None = None  # HTML citation target
 
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page_start, page_end=self.page_end, element_id=self.element_id,
+                    line_start=self.line_start, line_end=self.line_end,
+                    char_start=self.char_start, char_end=self.char_end)
+
 
 class Anchor(Strict):
     type: AnchorType
@@ -100,8 +139,17 @@ class Anchor(Strict):
     section_id: str | None = None  # the section the anchor lies in
     target_section_id: str | None = None  # CLAUSE: the section it points at, when found
 
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page, line_start=self.line, line_end=self.line,
+                    char_start=self.char_start, char_end=self.char_end)
 
-class Segment(Strict):
+
+class Chunk(Strict):
+    """About `segment_tokens` tokens of consecutive lines (`ingest.chunks`): the unit the
+    map-reduce and summary steps read, stored in the `segments` table and counted as
+    "segments" by the CLI. Not the engine's `Segment`, a block of KV cache."""
+
     index: int
     char_start: int
     char_end: int
@@ -111,6 +159,36 @@ class Segment(Strict):
     line_end: int
     token_count: int
     text: str
+
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page_start, page_end=self.page_end, line_start=self.line_start,
+                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
+
+
+class Passage(Strict):
+    """The retrieval and citation unit: a few consecutive lines of one page (made by
+    `pipelines.ingest.passages`)."""
+
+    doc_id: str
+    index: int
+    page: int
+    element_id: str | None  # HTML: the element id its citations name (the page's label)
+    line_start: int
+    line_end: int
+    char_start: int
+    char_end: int
+    text: str
+    section_id: str | None = None
+    score: float = 0.0  # filled in by retrieval
+
+    @property
+    def span(self) -> Span:
+        return Span(page=self.page, element_id=self.element_id, line_start=self.line_start,
+                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
+
+    def cite_label(self, *, with_doc: bool = False) -> str:
+        return self.span.label(self.doc_id if with_doc else None, line_range=True)
 
 
 class Document(Strict):
@@ -123,7 +201,7 @@ class Document(Strict):
     pages: list[Page]
     sections: list[Section] = Field(default_factory=list)
     anchors: list[Anchor] = Field(default_factory=list)
-    segments: list[Segment] = Field(default_factory=list)
+    segments: list[Chunk] = Field(default_factory=list)
     metadata: dict[str, str | int | float | bool | None | list[str]] = Field(default_factory=dict)
 
     def _line_starts(self) -> tuple[list[int], list[tuple[int, int]]]:
@@ -197,3 +275,20 @@ def assemble(
         pages=pages,
         metadata=metadata or {},
     )
+
+
+@dataclass(frozen=True)
+class Record:
+    """One document ready to store, made by `pipelines.ingest.record` (the store writes it
+    as it is). `search_text[(unit, tokenizer)]` has one tuple per row of
+    `unit` (pages, segments, passages, in order) with the text of each of its FTS columns:
+    (text,), and (text, titles) for passages."""
+
+    document: Document
+    passages: list[Passage]
+    titles: list[str]  # per passage: its section and the sections above it ("" for none)
+    search_text: dict[tuple[str, str], list[tuple[str, ...]]]
+
+    @property
+    def doc_id(self) -> str:
+        return self.document.doc_id

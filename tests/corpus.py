@@ -7,7 +7,7 @@ from pathlib import Path
 from pypdf import PdfReader, PdfWriter
 
 from docqa.pipelines.document import Document, assemble
-from docqa.pipelines.pdf import parse_pdf
+from docqa.pipelines.ingest.pdf import parse_pdf
 
 CORPUS = (Path(__file__).resolve().parents[1] / ".." / "shared" / "corpus").resolve()
 ARRAY = CORPUS / "pdf/contract_ArrayBioPharma_Ono_License_Development_Commercialization_Agreement.pdf"
@@ -21,8 +21,8 @@ GOLD = CORPUS / "qa/cuad_gold_subset_3contracts.jsonl"
 
 def first_pages_doc(path: Path, n: int, tmp: Path, *, sections: bool = False, anchors: bool = False) -> Document:
     """The first n pages of a corpus PDF (cut with pypdf, so page numbers are unchanged)."""
-    from docqa.pipelines.anchors import tag_anchors
-    from docqa.pipelines.sections import detect_sections
+    from docqa.pipelines.ingest.anchors import tag_anchors
+    from docqa.pipelines.ingest.sections import detect_sections
 
     writer = PdfWriter()
     for page in PdfReader(path).pages[:n]:

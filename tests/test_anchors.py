@@ -1,4 +1,4 @@
-"""pipelines.anchors on hand-written sentences and on facts checked by hand in the corpus.
+"""pipelines.ingest.anchors on hand-written sentences and on facts checked by hand in the corpus.
 
 Corpus documents are the first N pages of a PDF (cut with pypdf, so page numbers are
 unchanged), parsed once per module.
@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from docqa.pipelines.anchors import (definition_term_span, normalize_date, normalize_duration,
+from docqa.pipelines.ingest.anchors import (definition_term_span, normalize_date, normalize_duration,
                                      normalize_money, tag_anchors, words_to_int)
 from docqa.pipelines.document import Document, RawLine, RawPage, assemble
-from docqa.pipelines.sections import detect_sections, section_key
+from docqa.pipelines.ingest.sections import detect_sections, section_key
 
 from corpus import ARRAY, CIVIL_CODE, GOLD, GOOSEHEAD, IBM, PAPER, first_pages_doc
 

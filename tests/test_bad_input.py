@@ -187,7 +187,7 @@ def test_empty_user_password_pdf_opens_normally(tmp_path):
     assert res.exit_code == 0, res.stderr
     (doc,) = json.loads(res.stdout)
     res = run(["show", doc["doc_id"], "--page", "1", "--json", "--db", str(db)])
-    # pipelines/pdf.py's documented line rule over pypdf's own extraction.
+    # pipelines/ingest/pdf.py's documented line rule over pypdf's own extraction.
     text = PdfReader(p, password="").pages[0].extract_text()
     expected = [ln.rstrip() for ln in text.splitlines() if ln.rstrip()]
     assert expected == GOOD_LINES

@@ -1,7 +1,7 @@
 """Citation parsing and mechanical verification (SPEC §4)."""
 
-from docqa.pipelines.citations import cite_lines, parse_citations, verify, verify_answer
-from docqa.pipelines.document import RawLine, RawPage, assemble
+from docqa.pipelines.answer.citations import Citation, cite_lines, parse_citations, verify, verify_answer
+from docqa.pipelines.document import Passage, RawLine, RawPage, Span, assemble
 
 
 def _doc(pages, type="pdf", labels=None, doc_id="abc123def456"):
@@ -41,7 +41,7 @@ def test_parse_markers_and_quotes():
 
 def test_html_and_multi_doc_markers():
     spans = parse_citations('"x y z" [DOC:abc123, SECTION:section-15.5.5, LINE:3-4]')
-    assert spans[0].doc_id == "abc123" and spans[0].section_id == "section-15.5.5"
+    assert spans[0].doc_id == "abc123" and spans[0].element_id == "section-15.5.5"
     assert spans[0].page is None and (spans[0].line_start, spans[0].line_end) == (3, 4)
 
 
@@ -88,7 +88,7 @@ def test_html_section_citation():
         {html.doc_id: html},
         html.doc_id,
     )
-    assert c.verified and c.page is None and c.section_id == "section-15.5.5"
+    assert c.verified and c.page is None and c.element_id == "section-15.5.5"
     assert c.label() == "[SECTION:section-15.5.5, LINE:1-2]"
 
 
@@ -110,3 +110,29 @@ def test_quote_across_a_page_break_relocates_to_its_start():
 def test_a_broad_citation_is_narrowed_to_the_quoted_lines():
     (c,) = verify_answer('"return all Confidential Information" [PAGE:2, LINE:1-5]', {CONTRACT.doc_id: CONTRACT}, CONTRACT.doc_id)
     assert c.verified and not c.relocated and (c.page, c.line_start, c.line_end) == (2, 5, 5)
+
+
+def test_one_label_for_every_span():
+    # The label formats the answer parser reads (`_CITE`), written out by hand.
+    assert Span(page=12, line_start=30, line_end=34).label() == "[PAGE:12, LINE:30-34]"
+    assert Span(page=3, line_start=7, line_end=7).label() == "[PAGE:3, LINE:7]"
+    assert Span(page=3, line_start=7, line_end=7).label(line_range=True) == "[PAGE:3, LINE:7-7]"
+    assert Span(page=4, element_id="section-15.5.5", line_start=3, line_end=4).label("abc123") == \
+        "[DOC:abc123, SECTION:section-15.5.5, LINE:3-4]"
+    c = Citation(doc_id="abc123", page=None, element_id="sec-2", line_start=5, line_end=5, quote="q")
+    assert c.label() == "[SECTION:sec-2, LINE:5]" and c.label(with_doc=True) == "[DOC:abc123, SECTION:sec-2, LINE:5]"
+    p = Passage(doc_id="abc123", index=0, page=2, element_id=None, line_start=9, line_end=9, char_start=0, char_end=1,
+                text="x", section_id="s4")
+    assert p.cite_label() == "[PAGE:2, LINE:9-9]" and p.span.char_end == 1
+    # Each label parses back to the span it came from.
+    (back,) = parse_citations(f'"q" {c.label(with_doc=True)}')
+    assert (back.doc_id, back.element_id, back.line_start, back.line_end) == ("abc123", "sec-2", 5, 5)
+
+
+def test_a_citation_keeps_its_stored_and_json_field_names():
+    """`element_id` is what the field holds; the runs table and `--json` still say section_id."""
+    c = Citation(doc_id="d", page=None, section_id="intro", line_start=1, line_end=2, quote="q")
+    assert c.element_id == "intro" and c.span.element_id == "intro"
+    dumped = c.model_dump()
+    assert dumped["section_id"] == "intro" and "element_id" not in dumped
+    assert Citation.model_validate_json(c.model_dump_json()) == c

@@ -124,7 +124,7 @@ def test_mostly_utf8_text_decodes_as_utf8_and_says_so(db, tmp_path):
 
 def test_legacy_code_page_text_is_still_detected(db, tmp_path):
     """The UTF-8 rule above must not capture text that has no UTF-8 in it at all."""
-    from docqa.pipelines.text import decode
+    from docqa.pipelines.ingest.text import decode
 
     text = ("Der Käufer zahlt den Kaufpreis innerhalb von dreißig Tagen nach Übergabe der Ware. "
             "Die Gewährleistung beträgt zwölf Monate ab Lieferung.\n") * 4

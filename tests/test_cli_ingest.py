@@ -14,7 +14,7 @@ import pytest
 from pypdf import PdfReader
 from typer.testing import CliRunner
 
-from docqa.app import cli, clikit
+from docqa.app import cli, ingest
 from docqa.app.cli import app
 
 CORPUS = (Path(__file__).resolve().parents[2] / "shared" / "corpus").resolve()
@@ -30,7 +30,7 @@ def run(args: list[str], **env):
 
 
 def pypdf_lines(pdf: Path, page: int) -> list[str]:
-    """pipelines/pdf.py's documented line rule applied to pypdf's own extract_text()."""
+    """pipelines/ingest/pdf.py's documented line rule applied to pypdf's own extract_text()."""
     text = PdfReader(pdf).pages[page - 1].extract_text()
     return [ln.rstrip() for ln in text.splitlines() if ln.rstrip()]
 
@@ -143,7 +143,7 @@ def test_unexpected_errors_are_one_line_for_users_and_raise_in_debug(tmp_path, m
     def broken(*a, **k):
         raise RuntimeError("parser exploded")
 
-    monkeypatch.setattr(clikit, "build", broken)
+    monkeypatch.setattr(ingest, "build_record", broken)
     note = tmp_path / "n.md"
     note.write_text("# N\n\ntext\n")
     args = ["ingest", str(note), "--db", str(tmp_path / "t.db")]

@@ -1,7 +1,7 @@
 """The facts that cross-document conflict rules compare, read from single sentences."""
 
 import pytest
-from docqa.pipelines.conflicts import Sentence
+from docqa.pipelines.answer.conflicts import Sentence
 
 
 def facts(text):

@@ -16,9 +16,9 @@ import pytest
 from pypdf import PdfReader, PdfWriter
 
 from docqa.pipelines.document import Document, assemble
-from docqa.pipelines.figures import analyze_figures, row_matches, statement_of, years_in
-from docqa.pipelines.pdf import parse_pdf
-from docqa.pipelines.sections import detect_sections
+from docqa.pipelines.answer.figures import analyze_figures, row_matches, statement_of, years_in
+from docqa.pipelines.ingest.pdf import parse_pdf
+from docqa.pipelines.ingest.sections import detect_sections
 
 from corpus import CORPUS
 
@@ -224,7 +224,7 @@ def test_statement_pages_and_rows():
 
 
 def test_preview_centres_on_the_lines_that_match():
-    from docqa.pipelines.query import preview
+    from docqa.pipelines.answer.query import preview
 
     passage = ("B. Entire Agreement. This Agreement constitutes the entire agreement between the parties with\n"
                "respect to its subject matter and supersedes all prior agreements, understandings and\n"

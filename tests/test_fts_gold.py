@@ -10,7 +10,7 @@ import pytest
 
 from docqa.app.store import Store
 from docqa.bench import fts_gold
-from docqa.pipelines.search import TOKENIZERS
+from docqa.pipelines.fulltext import TOKENIZERS
 
 FAST_CONTRACT = "pdf/contract_IBM_MSL_Outsourcing_Agreement.pdf"
 

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers", reason="the reference extra i
 from docqa.engine.chat import render_chat, split_thinking  # noqa: E402
 from docqa.errors import DocqaError  # noqa: E402
 from docqa.engine.tokenizer import Tokenizer  # noqa: E402
-from docqa.pipelines.citations import parse_citations  # noqa: E402
+from docqa.pipelines.answer.citations import parse_citations  # noqa: E402
 from test_glm import GLM_TEMPLATE, tiny_config, write_glm_tokenizer  # noqa: E402
 
 EFFORT_TEMPLATE = ("{% if reasoning_effort is defined %}<|system|>\nReasoning: {{ reasoning_effort }}"

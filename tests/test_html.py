@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from docqa.pipelines.errors import IngestError
-from docqa.pipelines.html import LINE_WIDTH, parse_html, wrap
+from docqa.pipelines.ingest.html import LINE_WIDTH, parse_html, wrap
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "html"
 RFC9110 = CORPUS / "rfc9110_HTTP_Semantics.html"
@@ -377,7 +377,7 @@ def test_bad_html_inputs(tmp_path):
 
 
 def test_every_unit_has_a_unique_citable_label():
-    from docqa.pipelines.html import link_target, parse_html
+    from docqa.pipelines.ingest.html import link_target, parse_html
 
     for name in ("rfc9110_HTTP_Semantics.html", "w3c_webauthn_level3_editors_draft.html"):
         pages, _, _ = parse_html(CORPUS / name)

@@ -9,8 +9,9 @@ from docqa.app.mapreduce import map_reduce
 from docqa.app.service import Runtime
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.ingest.build import ingest_file
 from docqa.pipelines.textnorm import normalize
+from docqa.pipelines.ingest.record import make_record
 
 QUESTION = "List every termination right."
 REAL = [
@@ -45,7 +46,7 @@ def store(tmp_path):
     doc = ingest_file(pdf, segment_tokens=150)  # several segments, so there is something to map
     assert len(doc.segments) >= 4
     s = Store(tmp_path / "db.sqlite")
-    s.add_document(doc)
+    s.add_record(make_record(doc))
     return s, doc
 
 

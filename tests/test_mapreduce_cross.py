@@ -9,9 +9,10 @@ from docqa.app.mapreduce import map_reduce
 from docqa.app.service import Runtime
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import pdf_bytes
-from docqa.pipelines.conflicts import detect_cross_conflicts
-from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.answer.conflicts import detect_cross_conflicts
+from docqa.pipelines.ingest.build import ingest_file
 from docqa.pipelines.textnorm import normalize
+from docqa.pipelines.ingest.record import make_record
 
 QUESTION = "What are the fees, the termination notice and the governing law?"
 
@@ -64,7 +65,7 @@ def library(tmp_path):
         f = tmp_path / f"{name}.pdf"
         f.write_bytes(pdf_bytes(pages))
         doc = ingest_file(f)
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         docs[name] = doc
     return store, docs
 

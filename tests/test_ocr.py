@@ -21,9 +21,11 @@ from docqa.app.cli import app  # noqa: E402
 from docqa.app.store import Store  # noqa: E402
 from docqa.fixtures.make_pdf import text_to_pages, write_sample_contract_pdf  # noqa: E402
 from docqa.pipelines.errors import IngestError  # noqa: E402
-from docqa.pipelines.ingest import build, load  # noqa: E402
-from docqa.pipelines.ocr import image_pdf, render_grey  # noqa: E402
-from docqa.pipelines.pdf import parse_pdf  # noqa: E402
+from docqa.pipelines.ingest.build import build  # noqa: E402
+from docqa.pipelines.ingest.source import load  # noqa: E402
+from docqa.pipelines.ingest.ocr import image_pdf, render_grey  # noqa: E402
+from docqa.pipelines.ingest.pdf import parse_pdf  # noqa: E402
+from docqa.pipelines.ingest.record import make_record  # noqa: E402
 
 from corpus import CIVIL_CODE, GOLD, IBM  # noqa: E402
 
@@ -81,7 +83,7 @@ def test_question_cites_the_ocr_page(sample_scan, tmp_path):
     db = tmp_path / "d.db"
     with Store(db) as store:
         doc = build(load(pdf))
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         run = ask(Runtime(store), [doc.doc_id], "Can the customer terminate for convenience?",
                   AskSettings(evidence_only=True))
         top = run.evidence[0]
@@ -102,7 +104,7 @@ def test_without_the_extra_the_error_says_how_to_install(sample_scan, tmp_path):
     scan = tmp_path / "scan.pdf"
     scan.write_bytes(image_pdf([render_grey(data, 1, 100)], dpi=100))
     child = ("import sys; sys.modules['tesserocr'] = None\n"  # as if the extra were not installed
-             "from docqa.pipelines.pdf import parse_pdf\n"
+             "from docqa.pipelines.ingest.pdf import parse_pdf\n"
              f"parse_pdf({str(scan)!r})")
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
     last = r.stderr.strip().splitlines()[-1]

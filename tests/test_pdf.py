@@ -1,4 +1,4 @@
-"""pipelines.pdf against pypdf's own extraction and facts checked by hand in the corpus."""
+"""pipelines.ingest.pdf against pypdf's own extraction and facts checked by hand in the corpus."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pypdf import PdfReader, PdfWriter
 from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
 from docqa.pipelines.errors import IngestError
-from docqa.pipelines.pdf import NO_TEXT_LAYER, parse_pdf
+from docqa.pipelines.ingest.pdf import NO_TEXT_LAYER, parse_pdf
 
 CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "corpus"
 PDFS = sorted(CORPUS.glob("pdf/*.pdf")) + sorted(CORPUS.glob("zh/*.pdf"))

@@ -95,7 +95,7 @@ def _pdf(tmp_path, pages: int):
 
 
 def test_parse_pdf_reports_every_page(tmp_path):
-    from docqa.pipelines.pdf import parse_pdf
+    from docqa.pipelines.ingest.pdf import parse_pdf
 
     calls = []
     pages, _ = parse_pdf(_pdf(tmp_path, 12), on_page=lambda *a: calls.append(a))

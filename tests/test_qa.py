@@ -1,9 +1,9 @@
 """The answer path with a scripted model: what is shown as verified must be in the source."""
 
-from docqa.pipelines.context import build_context
+from docqa.pipelines.answer.prompt import build_context
 from docqa.pipelines.document import RawLine, RawPage, assemble
-from docqa.pipelines.passages import make_passages
-from docqa.pipelines.qa import answer_question, on_subject, subject_words
+from docqa.pipelines.ingest.passages import make_passages
+from docqa.pipelines.answer.qa import answer_question, on_subject, subject_words
 from docqa.pipelines.textnorm import normalize
 
 PAGES = [

@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 from docqa.engine.generate import Engine
-from docqa.pipelines.citations import parse_citations, verify
+from docqa.pipelines.answer.citations import parse_citations, verify
 from docqa.pipelines.document import RawLine, RawPage, assemble
-from docqa.pipelines.passages import make_passages
-from docqa.pipelines.qa import answer_question
-from docqa.pipelines.quote_constraint import (
+from docqa.pipelines.ingest.passages import make_passages
+from docqa.pipelines.answer.qa import answer_question
+from docqa.pipelines.answer.quote_constraint import (
     ABSTAIN,
     QuoteDecoder,
     TokenTable,

@@ -17,14 +17,15 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'docqa[cluster]')")
 
 from docqa.app.checklist import load_checklist  # noqa: E402
-from docqa.app.clikit import ingest_one  # noqa: E402
+from docqa.app.ingest import ingest_path  # noqa: E402
 from docqa.app.executor import ProcessExecutor, RayExecutor  # noqa: E402
 from docqa.app.jobs import job_runs  # noqa: E402
 from docqa.app.review import run_review  # noqa: E402
 from docqa.app.store import Store  # noqa: E402
 from docqa.app.summarize import SummarizeSettings, summarize  # noqa: E402
-from docqa.pipelines.ingest import ingest_file  # noqa: E402
+from docqa.pipelines.ingest.build import ingest_file  # noqa: E402
 from docqa.fixtures.make_pdf import write_sample_contract_pdf  # noqa: E402
+from docqa.pipelines.ingest.record import make_record  # noqa: E402
 
 CHECKLIST = load_checklist("contract_review")
 
@@ -58,7 +59,7 @@ def files(tmp_path_factory):
 
 def _ingest(db: Path, files: list[Path]) -> list[tuple[str, str]]:
     with Store(db) as store:
-        return [(r["doc_id"], r["path"]) for r in (ingest_one(store, f, 10**8, 2048) for f in files)]
+        return [(r["doc_id"], r["path"]) for r in (ingest_path(store, f, max_bytes=10**8) for f in files)]
 
 
 def _answers(db: Path, job: str) -> dict:
@@ -178,7 +179,7 @@ def summary_db(files, tmp_path_factory):
     assert len(doc.segments) >= 4
     db = tmp_path_factory.mktemp("summ") / "serial.db"
     with Store(db) as store:
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         _, summ = summarize(store, [doc.doc_id], SUMMARY)
     return doc, summ, db
 
@@ -188,7 +189,7 @@ def test_summarize_on_the_local_pool_and_on_ray_equals_serial(cluster, summary_d
     doc, serial, serial_db = summary_db
     db = tmp_path / f"{kind}.db"
     with Store(db) as store:
-        store.add_document(doc)
+        store.add_record(make_record(doc))
         ex = ProcessExecutor(2) if kind == "pool" else RayExecutor(workers=2)
         try:
             _, summ = summarize(store, [doc.doc_id], SUMMARY, executor=ex)
@@ -206,7 +207,7 @@ def test_summarize_cli_with_executor_ray(cluster, summary_db, tmp_path):
     doc, _, serial_db = summary_db
     db = tmp_path / "cli.db"
     with Store(db) as store:
-        store.add_document(doc)
+        store.add_record(make_record(doc))
     cmd = [sys.executable, "-c", CHILD, "summarize", doc.doc_id, "--evidence-only", "--length", "detailed",
            "--db", str(db), "--json", "--executor", "ray", "--address", cluster, "--workers", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)

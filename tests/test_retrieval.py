@@ -9,21 +9,20 @@ from pathlib import Path
 
 import pytest
 from docqa.bench import retrieval_eval
-from docqa.pipelines.document import Anchor, RawLine, RawPage, Section, assemble
-from docqa.pipelines.passages import Passage, make_passages
-from docqa.pipelines.query import (
+from docqa.pipelines.answer.memory_fts import MemoryFts, MemoryPageFts
+from docqa.pipelines.document import Anchor, Passage, RawLine, RawPage, Section, assemble
+from docqa.pipelines.ingest.passages import make_passages, passage_titles
+from docqa.pipelines.ingest.record import make_record
+from docqa.pipelines.answer.query import (
     analyze,
     clause_refs,
     content_words,
     expand,
     strip_boilerplate,
 )
-from docqa.pipelines.retrieval import (
-    MemoryFts,
-    MemoryPageFts,
+from docqa.pipelines.answer.retrieval import (
     definition_keys,
     fts_expression,
-    passage_titles,
     retrieve,
     signals,
     top_pages,
@@ -163,7 +162,7 @@ def test_section_titles_rank_their_sections(contract):
 
 def test_passage_titles_hold_the_section_chain(contract):
     docs, ps = contract
-    titles = passage_titles(docs["msa"], ps["msa"])
+    titles = passage_titles(docs["msa"].sections, ps["msa"])
     assert titles[3] == "Late Payment / PAYMENT"
     assert titles[0] == ""
 
@@ -217,7 +216,7 @@ def test_definitions_are_recognised(contract):
              '"Affiliate" shall have the meaning given in Section 2.']
     doc = assemble([RawPage(lines=[RawLine(text=t) for t in texts])], doc_id="d", content_sha256="1" * 64,
                    path="d.pdf", type="pdf")
-    passages = [Passage(doc_id="d", index=i, page=1, line_start=i + 1, line_end=i + 1, char_start=0, char_end=len(t), label=None,
+    passages = [Passage(doc_id="d", index=i, page=1, line_start=i + 1, line_end=i + 1, char_start=0, char_end=len(t), element_id=None,
                         text=t) for i, t in enumerate(texts)]
     assert definition_keys({"d": doc}, {"d": passages}) == {("d", 0), ("d", 2)}
     # A specification's section that defines its subject is operative text, not a glossary.
@@ -288,11 +287,11 @@ def test_cuad_recall_through_the_store(cuad_docs, tmp_path):
 
     from docqa.app.service import Library
     from docqa.app.store import Store
-    from docqa.pipelines.retrieval import retrieve, top_pages
+    from docqa.pipelines.answer.retrieval import retrieve, top_pages
 
     store = Store(tmp_path / "cuad.db")
     for doc in cuad_docs.values():
-        store.add_document(doc)
+        store.add_record(make_record(doc))
     lib = Library(store)
     hits = n = 0
     for line in retrieval_eval.GOLD.open():

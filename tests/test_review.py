@@ -23,8 +23,9 @@ from docqa.app.jobs import JobError, job_runs
 from docqa.app.review import run_review
 from docqa.app.store import Store
 from docqa.fixtures.make_pdf import text_to_pages, write_sample_contract_pdf
-from docqa.pipelines.conflicts import detect_conflicts
-from docqa.pipelines.ingest import build, load
+from docqa.pipelines.answer.conflicts import detect_conflicts
+from docqa.pipelines.ingest.build import build
+from docqa.pipelines.ingest.source import load
 from docqa.pipelines.textnorm import normalize
 
 SOURCE = (Path(fx.__file__).parent / "sample_contract.txt").read_text(encoding="utf-8")

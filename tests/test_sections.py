@@ -1,4 +1,4 @@
-"""pipelines.sections against headings checked by hand in the corpus PDFs.
+"""pipelines.ingest.sections against headings checked by hand in the corpus PDFs.
 
 To keep the file fast, each test document is the first N pages of a corpus PDF (cut with
 pypdf, so physical page numbers are unchanged) parsed once per module with `parse_pdf`.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from docqa.pipelines.document import Document, RawLine, RawPage, RawSection, assemble
-from docqa.pipelines.sections import chinese_to_int, detect_sections, roman_to_int, section_key
+from docqa.pipelines.ingest.sections import chinese_to_int, detect_sections, roman_to_int, section_key
 
 from corpus import ARRAY, CIVIL_CODE, GOOSEHEAD, IBM, RISCV, first_pages_doc
 

@@ -1,4 +1,4 @@
-"""pipelines.segments: coverage, contiguity, the token budget (against the default model's
+"""pipelines.ingest.chunks: coverage, contiguity, the token budget (against the default model's
 real tokenizer), and lines/table rows never split."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from docqa.pipelines.document import Document, RawLine, RawPage, assemble
-from docqa.pipelines.segments import approx_tokens, make_segments
+from docqa.pipelines.ingest.chunks import approx_tokens, make_segments
 
 from corpus import ARRAY, CIVIL_CODE, RISCV, first_pages_doc
 

@@ -9,7 +9,7 @@ import pytest
 from docqa.app.models import _SLOT, read_all_messages
 from docqa.engine.chat import render_chat, split_prompt, template_of
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.ingest.build import ingest_file
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ from docqa.app.errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange
 from docqa.app.migrations import MIGRATIONS
 from docqa.app.store import Store
 from docqa.pipelines.document import Section
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.search import TOKENIZERS, build_match
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.fulltext import TOKENIZERS, build_match
+from docqa.pipelines.ingest.record import make_record
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 CONTRACT = CORPUS / "pdf" / "contract_IBM_MSL_Outsourcing_Agreement.pdf"
@@ -62,12 +63,33 @@ def test_migrations_applied_once_and_recorded(tmp_path):
 
 def test_round_trip_is_exact(store, md_doc, contract_doc):
     for doc in (md_doc, contract_doc):
-        assert store.add_document(doc).status == "added"
+        assert store.add_record(make_record(doc)).status == "added"
         assert store.get_document(doc.doc_id) == doc
 
 
+def test_a_database_from_before_passage_titles_is_migrated(tmp_path, md_doc):
+    """m008 fills in the section titles of passages stored before it; removing such a
+    document then deletes exactly the FTS rows it had (the index ends empty)."""
+    db = tmp_path / "old.db"
+    with Store(db) as s:
+        s.add_record(make_record(md_doc))
+        # Back to the schema before m008: the column gone, the migration not recorded.
+        s.db.execute("ALTER TABLE passages DROP COLUMN titles")
+        s.db.execute("DELETE FROM _migrations WHERE name = 'm008_passage_titles'")
+    with Store(db) as s:
+        stored = [r[0] for r in s.db.execute("SELECT titles FROM passages ORDER BY idx")]
+        # The Markdown's headings, by hand: the third passage is under "2. Termination".
+        assert stored[2] == "Termination / Master Agreement"
+        assert stored == make_record(md_doc).titles  # what a fresh ingest stores
+        assert s.search("termination convenience", unit="passages")
+        s.remove(md_doc.doc_id)
+        fts = [f"fts_passages_{tok}" for tok in TOKENIZERS]
+        assert all(s.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 0 for t in fts)
+        assert s.search("termination convenience", unit="passages") == []
+
+
 def test_page_lines_match_the_document(store, contract_doc):
-    store.add_document(contract_doc)
+    store.add_record(make_record(contract_doc))
     doc_id, page = store.get_page(contract_doc.doc_id, 7)
     assert page == contract_doc.page(7)
     with pytest.raises(PageOutOfRange):
@@ -75,12 +97,12 @@ def test_page_lines_match_the_document(store, contract_doc):
 
 
 def test_add_is_idempotent_and_records_new_paths(store, md_doc):
-    assert store.add_document(md_doc).status == "added"
+    assert store.add_record(make_record(md_doc)).status == "added"
     before = store.counts()
-    assert store.add_document(md_doc).status == "already ingested"
+    assert store.add_record(make_record(md_doc)).status == "already ingested"
     assert store.counts() == before
     moved = md_doc.model_copy(update={"path": "/elsewhere/agreement.md"})
-    assert store.add_document(moved).status == "new path"
+    assert store.add_record(make_record(moved)).status == "new path"
     after = store.counts()
     assert after["document_paths"] == before["document_paths"] + 1
     assert {k: v for k, v in after.items() if k != "document_paths"} == {
@@ -90,7 +112,7 @@ def test_add_is_idempotent_and_records_new_paths(store, md_doc):
 
 
 def test_failed_add_leaves_nothing(store, md_doc, contract_doc):
-    store.add_document(md_doc)
+    store.add_record(make_record(md_doc))
     before = store.counts()
     # Two sections with one id violate the primary key after pages were already written.
     dup = contract_doc.sections[0] if contract_doc.sections else Section(
@@ -98,7 +120,7 @@ def test_failed_add_leaves_nothing(store, md_doc, contract_doc):
         line_start=1, page_end=1, line_end=1)
     broken = contract_doc.model_copy(update={"sections": [dup, dup]})
     with pytest.raises(sqlite3.IntegrityError):
-        store.add_document(broken)
+        store.add_record(make_record(broken))
     assert store.counts() == before
     assert not store.has(contract_doc.doc_id)
 
@@ -108,8 +130,8 @@ def test_resolve_by_prefix_path_and_ambiguity(store, md_doc):
                                   "path": "/docs/a.md"})
     b = md_doc.model_copy(update={"doc_id": "abc222222222", "content_sha256": "abc222" + "0" * 58,
                                   "path": "/docs/b.md"})
-    store.add_document(a)
-    store.add_document(b)
+    store.add_record(make_record(a))
+    store.add_record(make_record(b))
     assert store.resolve("abc1") == "abc111111111"
     assert store.resolve("/docs/b.md") == "abc222222222"
     with pytest.raises(AmbiguousDocument):
@@ -120,8 +142,8 @@ def test_resolve_by_prefix_path_and_ambiguity(store, md_doc):
 
 
 def test_search_ranks_the_right_passage_in_both_tokenizers(store, md_doc, contract_doc):
-    store.add_document(md_doc)
-    store.add_document(contract_doc)
+    store.add_record(make_record(md_doc))
+    store.add_record(make_record(contract_doc))
     for tok in TOKENIZERS:
         hits = store.search("terminate for convenience", [md_doc.doc_id], tokenizer=tok,
                             unit="pages")
@@ -135,7 +157,7 @@ def test_search_ranks_the_right_passage_in_both_tokenizers(store, md_doc, contra
 
 def test_two_character_chinese_word_needs_unicode61(store, md_doc):
     # unicode61 over spaced-out CJK matches a two-character word; trigram cannot (< 3 chars).
-    store.add_document(md_doc)
+    store.add_record(make_record(md_doc))
     assert store.search("合同", tokenizer="unicode61", unit="pages")
     assert build_match("合同", "trigram") is None
 
@@ -145,7 +167,7 @@ def test_two_character_chinese_word_needs_unicode61(store, md_doc):
     "-terminate", "^terminate", "terminate AND", "(((", '"', "a OR b NOT c", "{text}: x",
 ])
 def test_user_text_never_becomes_fts_syntax(store, md_doc, query):
-    store.add_document(md_doc)
+    store.add_record(make_record(md_doc))
     for tok in TOKENIZERS:
         expr = build_match(query, tok)
         if expr is not None:

@@ -14,11 +14,12 @@ from docqa.app.cli import app
 from docqa.app.store import Store
 from docqa.app.summarize import SummarizeSettings, get_summary, summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.citations import Citation
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.summarize import (Statement, classify, cluster, first_sentences, parties, sentence_budget, spaced,
+from docqa.pipelines.answer.citations import Citation
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.answer.summarize import (Statement, classify, cluster, first_sentences, parties, sentence_budget, spaced,
                                        spread, tie_sentences)
 from docqa.pipelines.textnorm import normalize
+from docqa.pipelines.ingest.record import make_record
 
 # Obligations of the sample contract, read by hand (fixtures/sample_contract.txt).
 PAY = "Customer shall pay Licensor an annual license fee of $120,000"
@@ -57,7 +58,7 @@ def store(tmp_path):
     doc = ingest_file(pdf, segment_tokens=150)  # several segments
     assert len(doc.segments) >= 4
     s = Store(tmp_path / "db.sqlite")
-    s.add_document(doc)
+    s.add_record(make_record(doc))
     return s, doc
 
 
@@ -106,7 +107,7 @@ def test_contract_parties_and_statement_kinds(store):
 
 def test_free_text_sentences_without_a_statement_number_are_dropped_and_counted(store):
     _, doc = store
-    c = Citation(doc_id=doc.doc_id, page=2, section_id=None, line_start=1, line_end=1, quote="x", verified=True)
+    c = Citation(doc_id=doc.doc_id, page=2, element_id=None, line_start=1, line_end=1, quote="x", verified=True)
     numbered = [Statement(doc_id=doc.doc_id, segment=0, text="a", citations=[c]),
                 Statement(doc_id=doc.doc_id, segment=0, text="b", citations=[c.model_copy(update={"line_start": 2,
                                                                                                  "line_end": 2})])]
@@ -158,7 +159,7 @@ def test_interrupted_run_resumes_and_ends_as_an_uninterrupted_one(store, tmp_pat
     assert summ.stats["resumed_segments"] == 2
     assert again.calls <= len(doc.segments) - 2 + clusters
     ref_store = Store(tmp_path / "ref.sqlite")
-    ref_store.add_document(doc)
+    ref_store.add_record(make_record(doc))
     _, ref = summarize(ref_store, [doc.doc_id], SECTION, generate=Scripted(), model_name="scripted")
     assert summ.text() == ref.text()
     # A third run reads nothing again: segments and clusters are all stored.
@@ -175,7 +176,7 @@ def test_conflicts_across_documents_are_cited_on_both_sides(tmp_path):
     b.write_text("SUPPLY AGREEMENT\n\n1. Law\n\nThis Agreement shall be governed by the laws of the State of Texas.\n\n"
                  "2. Payment\n\nBuyer shall pay each invoice within sixty (60) days of receipt.\n")
     s = Store(tmp_path / "db.sqlite")
-    ids = [s.add_document(ingest_file(p)).doc_id for p in (a, b)]
+    ids = [s.add_record(make_record(ingest_file(p))).doc_id for p in (a, b)]
     run, summ = summarize(s, ids, SummarizeSettings(evidence_only=True, cluster="section", length="detailed"))
     conflicts = [x for blk in summ.blocks if blk.kind == "conflicts" for x in blk.sentences]
     law = [x for x in conflicts if "governing law" in x.text]
@@ -193,7 +194,7 @@ def test_clustering_by_embedding_and_by_section(store):
 
     def at(section_number, text):
         sec = art[section_number]
-        c = Citation(doc_id=doc.doc_id, page=sec.page_start, section_id=None, line_start=1, line_end=1, quote=text,
+        c = Citation(doc_id=doc.doc_id, page=sec.page_start, element_id=None, line_start=1, line_end=1, quote=text,
                      verified=True, char_start=sec.char_start + 1, char_end=sec.char_start + 2)
         return Statement(doc_id=doc.doc_id, segment=0, text=text, citations=[c])
 
@@ -300,7 +301,7 @@ def test_sentence_budget_follows_topic_sizes():
 
 
 def test_topic_sentences_spread_over_sections_and_party_blocks_over_the_document():
-    c = Citation(doc_id="d", page=1, section_id=None, line_start=1, line_end=1, quote="x", verified=True)
+    c = Citation(doc_id="d", page=1, element_id=None, line_start=1, line_end=1, quote="x", verified=True)
     members = [Statement(doc_id="d", segment=0, text=t, section_id=sec, citations=[c])
                for t, sec in [("a1", "s1"), ("a2", "s1"), ("b1", "s2"), ("c1", "s3"), ("a3", "s1")]]
     # Ranked a1 > a2 > a3 > b1 > c1: one per section first, then the rest in rank order.

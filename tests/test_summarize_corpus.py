@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from docqa.app.clikit import ingest_one
+from docqa.app.ingest import ingest_path
 from docqa.app.store import Store
 from docqa.app.summarize import SummarizeSettings, summarize
 
@@ -22,7 +22,7 @@ def rechecks(store, c) -> bool:
     from docqa.pipelines.textnorm import normalize
 
     page = c.page or store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
-                                      [c.doc_id, c.section_id]).fetchone()[0]
+                                      [c.doc_id, c.element_id]).fetchone()[0]
     _, p = store.get_page(c.doc_id, page)
     return normalize(c.quote) in normalize("\n".join(ln.text for ln in p.lines[c.line_start - 1 : c.line_end]))
 
@@ -35,7 +35,7 @@ def store(tmp_path_factory):
 
 
 def test_contract_summary_cites_the_gold_pages_and_every_citation_rechecks(store):
-    did = ingest_one(store, IBM, 200_000_000, 2048)["doc_id"]
+    did = ingest_path(store, IBM, max_bytes=200_000_000)["doc_id"]
     run, summ = summarize(store, [did], RULES)
     cites = summ.citations()
     assert cites and all(rechecks(store, c) for c in cites)
@@ -58,12 +58,12 @@ def test_contract_summary_cites_the_gold_pages_and_every_citation_rechecks(store
 
 
 def test_paper_header_and_rfc_element_ids(store):
-    did = ingest_one(store, PAPER, 200_000_000, 2048)["doc_id"]
+    did = ingest_path(store, PAPER, max_bytes=200_000_000)["doc_id"]
     _, summ = summarize(store, [did], SummarizeSettings(evidence_only=True))
     assert summ.blocks[0].kind == "paper" and summ.blocks[0].title.startswith("[PAPER: Lost in the Middle")
     assert any(b.kind == "conclusions" and b.sentences for b in summ.blocks)
-    rfc = ingest_one(store, CORPUS / "html/rfc9112_HTTP_1.1.html", 200_000_000, 2048)["doc_id"]
+    rfc = ingest_path(store, CORPUS / "html/rfc9112_HTTP_1.1.html", max_bytes=200_000_000)["doc_id"]
     _, summ = summarize(store, [rfc], SummarizeSettings(evidence_only=True))
     cites = summ.citations()
-    assert cites and all(c.page is None and c.section_id for c in cites)
+    assert cites and all(c.page is None and c.element_id for c in cites)
     assert all(rechecks(store, c) for c in cites)

@@ -13,10 +13,11 @@ from docqa.app.cli import app
 from docqa.app.store import Store
 from docqa.app.summarize import SummarizeSettings, _extractions, settings_key, summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.citations import parse_citations
-from docqa.pipelines.ingest import ingest_file
-from docqa.pipelines.summarize import LENGTHS, candidates, map_messages
+from docqa.pipelines.answer.citations import parse_citations
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.answer.summarize import LENGTHS, candidates, map_messages
 from docqa.pipelines.textnorm import normalize
+from docqa.pipelines.ingest.record import make_record
 
 from test_serve import serving
 
@@ -39,7 +40,7 @@ def contract(tmp_path):
     pdf = write_sample_contract_pdf(tmp_path / "sample_contract.pdf")
     doc = ingest_file(pdf)
     store = Store(tmp_path / "db.sqlite")
-    store.add_document(doc)
+    store.add_record(make_record(doc))
     yield pdf, doc, store
     store.close()
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from docqa.app.store import Store
 from docqa.app.summarize import summarize
 from docqa.fixtures.make_pdf import write_sample_contract_pdf
-from docqa.pipelines.ingest import ingest_file
+from docqa.pipelines.ingest.build import ingest_file
+from docqa.pipelines.ingest.record import make_record
 
 from test_summarize import SECTION, Scripted
 
@@ -57,7 +58,7 @@ def test_kill_9_mid_map_then_rerun_continues(tmp_path):
     assert total >= 4
     db = tmp_path / "db.sqlite"
     with Store(db) as s:
-        s.add_document(doc)
+        s.add_record(make_record(doc))
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=TESTS, db=str(db), doc=doc.doc_id)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ | {"DOCQA_DEBUG": "1"})
     try:
@@ -83,6 +84,6 @@ def test_kill_9_mid_map_then_rerun_continues(tmp_path):
         assert s.db.execute("SELECT count(*) FROM summary_segments").fetchone()[0] == total
     ref_db = tmp_path / "ref.sqlite"
     with Store(ref_db) as r:
-        r.add_document(doc)
+        r.add_record(make_record(doc))
         _, ref = summarize(r, [doc.doc_id], SECTION, generate=Scripted(), model_name="scripted")
     assert summ.text() == ref.text() and summ.rejected == ref.rejected == total

@@ -9,9 +9,10 @@ import pytest
 from docqa.app.runs import get_run, save_run
 from docqa.app.store import Store
 from docqa.pipelines.document import RawLine, RawPage, assemble
-from docqa.pipelines.passages import make_passages
-from docqa.pipelines.qa import answer_question, check_answer
-from docqa.pipelines.support import (answer_figure_quoted, figure_asked, figures, for_documents, need_of,
+from docqa.pipelines.ingest.passages import make_passages
+from docqa.pipelines.ingest.record import make_record
+from docqa.pipelines.answer.qa import answer_question, check_answer
+from docqa.pipelines.answer.support import (answer_figure_quoted, figure_asked, figures, for_documents, need_of,
                                      question_years, supports)
 
 from corpus import CORPUS
@@ -67,9 +68,9 @@ def test_numeric_questions(question, kind, years):
 
 
 def test_years_are_read_one_way_for_retrieval_and_support():
-    # One reader of years (pipelines/figures.py) for retrieval's figure signals and the
+    # One reader of years (pipelines/answer/figures.py) for retrieval's figure signals and the
     # support check; "FY2023," (a year before a comma) was missed by retrieval's own copy.
-    from docqa.pipelines.figures import analyze_figures, years_in
+    from docqa.pipelines.answer.figures import analyze_figures, years_in
 
     q = "What are major acquisitions that Best Buy has done in FY2023, FY2022 and FY2021?"
     assert years_in(q) == (2023, 2022, 2021) and question_years(q) == {2021, 2022, 2023}
@@ -136,7 +137,7 @@ def test_words_that_name_the_document_do_not_count_as_the_subject():
 
 def test_supports_and_draft_survive_the_store(tmp_path):
     store = Store(tmp_path / "d.db")
-    store.add_document(DOC)
+    store.add_record(make_record(DOC))
     reply = '"As of December 31, 2022, we had approximately 77,300 colleagues worldwide" [PAGE:1, LINE:2]'
     ans = answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=True)
     run = get_run(store, save_run(store, ans, doc_ids=[DOC.doc_id], model="scripted").id)
@@ -149,7 +150,7 @@ def test_export_shows_the_withheld_draft(tmp_path):
     from docqa.app.export import export
 
     store = Store(tmp_path / "d.db")
-    store.add_document(DOC)
+    store.add_record(make_record(DOC))
     reply = '"As of December 31, 2022, we had approximately 77,300 colleagues worldwide" [PAGE:1, LINE:2]'
     ans = answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=True)
     run = save_run(store, ans, doc_ids=[DOC.doc_id], model="scripted")
@@ -166,7 +167,7 @@ def test_show_draft_prints_the_draft_and_why(tmp_path, capsys):
     from docqa.app.cli import print_run
 
     store = Store(tmp_path / "d.db")
-    store.add_document(DOC)
+    store.add_record(make_record(DOC))
     reply = '"As of December 31, 2022, we had approximately 77,300 colleagues worldwide" [PAGE:1, LINE:2]'
     run = save_run(store, answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=True),
                    doc_ids=[DOC.doc_id], model="scripted")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from docqa.pipelines.errors import IngestError
-from docqa.pipelines.text import BINARY, NOT_DECODABLE, heading_number, parse_text
+from docqa.pipelines.ingest.text import BINARY, NOT_DECODABLE, heading_number, parse_text
 
 QA = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "qa"
 
@@ -37,7 +37,7 @@ def test_unicode_encodings(codec):
         data = text.encode(codec)
     pages, sections, meta = parse_text("f.txt", data, markdown=False)
     assert texts(pages) == [["Na\u00efve caf\u00e9 \u2014 \u6761\u6b3e 5.2", "second line"]]
-    assert sections is None  # plain text: pipelines.sections finds them in the lines
+    assert sections is None  # plain text: pipelines.ingest.sections finds them in the lines
 
 
 def test_latin1_paragraph_is_detected():

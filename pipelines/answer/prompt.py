@@ -16,10 +16,9 @@ from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from .document import Anchor, Document
-from .passages import Passage
-from .segments import approx_tokens
-from .textnorm import normalize
+from ..document import Anchor, Document, Passage
+from ..ingest.chunks import approx_tokens
+from ..textnorm import normalize
 
 SYSTEM_PROMPT = (
     "You answer questions about documents using only the excerpts provided. "
@@ -88,8 +87,8 @@ def build_context(
                 pre.append(line)
         defs = [a for a in doc.anchors if a.type == "DEFINITION" and (_mentions(qn, a) or _mentions(seen_text, a))]
         for a in defs[:8]:
-            loc = f"SECTION:{doc.page(a.page).label}" if doc.type == "html" else f"PAGE:{a.page}"
-            pre.append(f"[DEFINITION] {a.text}: {doc.text[a.char_start:a.char_end][:300]} [{loc}, LINE:{a.line}]")
+            at = a.span.model_copy(update={"element_id": doc.page(a.page).label} if doc.type == "html" else {})
+            pre.append(f"[DEFINITION] {a.text}: {doc.text[a.char_start:a.char_end][:300]} {at.label()}")
         sec_ids = {p.section_id for p in chosen if p.doc_id == doc_id}
         for kind, pick in (
             ("ENTITY", lambda a: a.type == "ENTITY" and a.subtype == "ORG"),

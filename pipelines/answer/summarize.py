@@ -43,10 +43,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
 from .conflicts import detect_conflicts, detect_cross_conflicts, sentences
-from .document import Document, Segment
+from ..document import Chunk, Document
 from .query import content_words, stem
 from .quote_constraint import QuotePlan
-from .textnorm import normalize
+from ..textnorm import normalize
 
 Length = Literal["brief", "standard", "detailed"]
 Kind = Literal["obligation", "definition", "term", "conclusion", "fact"]
@@ -156,7 +156,7 @@ class Summary(BaseModel):
         for b in self.blocks:
             for s in b.sentences:
                 for c in s.citations:
-                    k = (c.doc_id, c.page, c.section_id, c.line_start, c.line_end, c.quote)
+                    k = (c.doc_id, c.page, c.element_id, c.line_start, c.line_end, c.quote)
                     if k not in seen:
                         seen.add(k)
                         out.append(c)
@@ -304,7 +304,7 @@ def _lower_words(text: str) -> int:
     return len(re.findall(r"\b[a-z]{2,}\b", text))
 
 
-def units(doc: Document, seg: Segment, focus: str | None = None) -> list[Unit]:
+def units(doc: Document, seg: Chunk, focus: str | None = None) -> list[Unit]:
     """Every sentence (clause of a long one) of a segment worth considering, in reading order."""
     fw = focus_words(focus)
     headings = _heading_lines(doc)
@@ -325,7 +325,7 @@ def units(doc: Document, seg: Segment, focus: str | None = None) -> list[Unit]:
     return out
 
 
-def candidates(doc: Document, seg: Segment, n: int, focus: str | None = None) -> list[Unit]:
+def candidates(doc: Document, seg: Chunk, n: int, focus: str | None = None) -> list[Unit]:
     """The `n` best-scored units of a segment, back in reading order."""
     best = sorted(units(doc, seg, focus), key=lambda u: (-u.score, u.start))[:n]
     return sorted(best, key=lambda u: u.start)
@@ -398,7 +398,7 @@ def section_of(doc: Document, offset: int, *, top: bool = False):
     return sec
 
 
-def _statement(doc: Document, seg: Segment, text: str, cites: list[Citation], who: Mapping[str, str]) -> Statement:
+def _statement(doc: Document, seg: Chunk, text: str, cites: list[Citation], who: Mapping[str, str]) -> Statement:
     kind, party = classify(doc, text, who)
     sec = section_of(doc, cites[0].char_start or 0)
     return Statement(doc_id=doc.doc_id, segment=seg.index, text=text, kind=kind, party=party,
@@ -443,7 +443,7 @@ def map_plan(doc: Document, cands: Sequence[Unit], n: int) -> QuotePlan:
                      abstain=None, max_citations=n, min_quote_chars=24, max_quote_tokens=14)
 
 
-def extract_segment(doc: Document, seg: Segment, generate: Callable | None, *, length: str = "standard",
+def extract_segment(doc: Document, seg: Chunk, generate: Callable | None, *, length: str = "standard",
                     focus: str | None = None, quote: bool = True) -> SegmentExtraction:
     """Map one segment to its statements. `generate(messages, plan)` decodes under a
     `QuotePlan` (`quote=True`, the default engine); `generate(messages)` writes freely
@@ -692,7 +692,7 @@ def summarise_cluster(members: Sequence[Statement], docs: Mapping[str, Document]
             for i in shown:
                 s = members[i]
                 same_place = any(c.line_start <= span.line_start <= c.line_end and
-                                 (c.page == span.page if span.section_id is None else c.section_id == span.section_id)
+                                 (c.page == span.page if span.element_id is None else c.element_id == span.element_id)
                                  for c in s.citations)
                 if same_place and normalize(span.quote) in normalize(s.text) and len(normalize(span.quote)) >= 12:
                     hit = i
@@ -833,7 +833,7 @@ def _section_name(doc: Document, offset: int) -> str:
     return sec.title[:40]
 
 
-# The facts the conflict rules read (pipelines/conflicts.py): a statement with none of them
+# The facts the conflict rules read (pipelines/answer/conflicts.py): a statement with none of them
 # cannot take part in a finding, so it is not handed to the (pairwise) rules at all.
 _CONFLICT_FACTS = re.compile(r"exclusiv|terminat|cancel|surviv|perpetu|trade secret|title|own|property|"
                              r"governed|laws of|\$|€|£|dollars|\b(?:day|week|month|year)s?\b|\b(?:19|20)\d\d\b", re.I)
@@ -903,7 +903,7 @@ def reverify(c: Citation, docs: Mapping[str, Document]) -> bool:
     doc = docs.get(c.doc_id)
     if doc is None or not c.verified:
         return False
-    span = CitedSpan(start=0, end=0, doc_id=c.doc_id, page=c.page, section_id=c.section_id,
+    span = CitedSpan(start=0, end=0, doc_id=c.doc_id, page=c.page, element_id=c.element_id,
                      line_start=c.line_start, line_end=c.line_end, quote=c.quote)
     v = verify(span, docs, c.doc_id)
     return v.verified and not v.relocated

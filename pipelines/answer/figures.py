@@ -9,8 +9,8 @@ sentence that names the quantity, and the words of the question are rarely the r
 
 `analyze_figures()` reads that from a question; `statement_of()` says which primary statement
 a page is (from its title lines); `row_matches()` says whether a line states a wanted
-quantity. Retrieval (`pipelines.retrieval`) ranks statement rows and statement pages with
-them. For the answer side (`pipelines.support`), `figure_asked()` and `metric_words()` say
+quantity. Retrieval (`pipelines.answer.retrieval`) ranks statement rows and statement pages with
+them. For the answer side (`pipelines.answer.support`), `figure_asked()` and `metric_words()` say
 which figure a question asks for, and `figures()`, `has_figure()`, `mentions_year()` and
 `header_years()` what a quote and its lines state. This is the one place that reads figures
 and years, in questions and in quotes. Pure string work; nothing here knows about documents.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .query import analyze, content_words, stem
-from .textnorm import normalize
+from ..textnorm import normalize
 
 Statement = str  # "income" | "balance" | "cash"
 FigureKind = Literal["amount", "percent", "count", "duration"]

@@ -7,7 +7,7 @@ cosine similarity live on unrelated scales):
 - `bm25_focus`: FTS5 bm25 for the question's subject (its quoted phrase, else its content
   words);
 - `bm25_terms`: bm25 for every content word plus the thesaurus expansions
-  (`pipelines.query`), so a clause written in drafting words ("may terminate ... upon
+  (`pipelines.answer.query`), so a clause written in drafting words ("may terminate ... upon
   ninety days' notice") is found for a question asked in labels ("termination for
   convenience");
 - `titles`: passages of sections whose title shares words with the subject — contracts
@@ -20,7 +20,7 @@ cosine similarity live on unrelated scales):
   spread over a page) whose words no single passage holds together still ranks. Weighted
   below the passage signals: it recounts `bm25_terms`' words at a coarser unit, so it
   breaks ties between pages rather than outvoting them;
-- `figure_rows`: for a question about a figure (`pipelines.figures`: "total revenues in
+- `figure_rows`: for a question about a figure (`pipelines.answer.figures`: "total revenues in
   2022", "capex", "how many employees"), passages holding a line that names the quantity
   with a number — a statement row or a sentence — those naming a wanted year first;
 - `statements`: for the same questions, passages of the primary statements (income
@@ -36,28 +36,27 @@ question names) keep them where they rank.
 
 Full-text search is injected (`Fts`: expression, doc ids, limit -> (doc_id, passage index,
 bm25); `PageFts` the same for (doc_id, page number, bm25)), so the store's FTS5 tables serve
-the product and `MemoryFts`/`MemoryPageFts` serve tests and benchmarks. Both index a passage's text and, in a second column weighted `TITLE_WEIGHT`,
-its section titles (`passage_titles`). The encoder is injected too (`Encoder`); its passage vectors are computed once
-per document and cached by the caller (see `EmbeddingCache`).
+the product and the in-memory ones of `memory_fts` stand in where none is given. Both index
+a passage's text and, in a second column weighted `fulltext.TITLE_WEIGHT`, its section
+titles (`ingest.passages.passage_titles`). The encoder is injected too (`Encoder`); its
+passage vectors are computed once per document and cached by the caller (the benchmark's
+`EmbeddingCache`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
-import sqlite3
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
 
-from .document import Document, Section
+from ..document import Document, Passage, Section
 from .figures import FigureQuery, analyze_figures, row_matches, statement_of
-from .passages import Passage
+from .memory_fts import MemoryFts, MemoryPageFts
 from .query import Query, analyze, content_words, stem
-from .search import index_text
-from .sections import section_key
-from .textnorm import normalize
+from ..ingest.sections import section_key
+from ..textnorm import normalize
 
 Fts = Callable[[str, list[str], int], list[tuple[str, int, float]]]
 PageFts = Fts  # the same contract, with page numbers for passage indexes
@@ -101,104 +100,6 @@ def fts_expression(phrases: Sequence[str]) -> str | None:
             parts.append(fts_quote(" ".join(words)))
     parts = list(dict.fromkeys(parts))
     return " OR ".join(parts) if parts else None
-
-
-TITLE_WEIGHT = 2.0  # bm25 column weight of a passage's section titles against its text
-
-
-def passage_titles(doc: Document, passages: Sequence[Passage]) -> list[str]:
-    """Per passage, the titles of its section and the sections above it: what an FTS
-    index stores beside the text, so a heading's words count for the clause under it."""
-    by_id = {s.id: s for s in doc.sections}
-    out = []
-    for p in passages:
-        titles, sid = [], p.section_id
-        while sid and sid in by_id:
-            s = by_id[sid]
-            # A "title" that is really the clause's first sentence cut short is not a heading.
-            if len(s.title.split()) <= 8:
-                titles.append(s.title)
-            sid = s.parent_id
-        out.append(" / ".join(titles))
-    return out
-
-
-class MemoryFts:
-    """An in-memory FTS5 index over passages (text, and section titles when `docs` are
-    given), with the same contract as the store's."""
-
-    def __init__(self, passages: Mapping[str, Sequence[Passage]], docs: Mapping[str, Document] | None = None,
-                 tokenize: str = "porter unicode61"):
-        self.con = sqlite3.connect(":memory:")
-        self.con.execute(
-            "CREATE VIRTUAL TABLE p USING fts5(text, titles, doc_id UNINDEXED, idx UNINDEXED, "
-            f"tokenize='{tokenize}')"
-        )
-        rows = []
-        for doc_id, ps in passages.items():
-            doc = docs.get(doc_id) if docs else None
-            titles = passage_titles(doc, ps) if doc is not None else [""] * len(ps)
-            rows += [(index_text(p.text, "unicode61"), index_text(t, "unicode61"), doc_id, p.index)
-                     for p, t in zip(ps, titles)]
-        self.con.executemany("INSERT INTO p(text, titles, doc_id, idx) VALUES (?, ?, ?, ?)", rows)
-
-    def __call__(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
-        marks = ",".join("?" * len(doc_ids))
-        rank = f"bm25(p, 1.0, {TITLE_WEIGHT})"
-        rows = self.con.execute(
-            f"SELECT doc_id, idx, {rank} FROM p WHERE p MATCH ? AND doc_id IN ({marks}) ORDER BY {rank} LIMIT ?",
-            (expression, *doc_ids, limit),
-        ).fetchall()
-        return [(d, int(i), float(s)) for d, i, s in rows]
-
-
-class MemoryPageFts:
-    """Whole pages in an in-memory FTS5 index, tokenized as the store's `fts_pages_unicode61`
-    (no stemming), so the benchmark measures what `docqa ask` runs."""
-
-    def __init__(self, docs: Mapping[str, Document] | Sequence[Document], tokenize: str = "unicode61 remove_diacritics 2"):
-        self.con = sqlite3.connect(":memory:")
-        self.con.execute(f"CREATE VIRTUAL TABLE pg USING fts5(text, doc_id UNINDEXED, n UNINDEXED, tokenize='{tokenize}')")
-        docs = docs.values() if isinstance(docs, Mapping) else docs
-        self.con.executemany("INSERT INTO pg VALUES (?, ?, ?)", [
-            (index_text(d.text[p.start : p.end], "unicode61"), d.doc_id, p.n) for d in docs for p in d.pages])
-
-    def __call__(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
-        marks = ",".join("?" * len(doc_ids))
-        rows = self.con.execute(
-            f"SELECT doc_id, n, bm25(pg) FROM pg WHERE pg MATCH ? AND doc_id IN ({marks}) ORDER BY bm25(pg) LIMIT ?",
-            (expression, *doc_ids, limit),
-        ).fetchall()
-        return [(d, int(n), float(s)) for d, n, s in rows]
-
-
-def passages_key(passages: Sequence[Passage]) -> str:
-    """Identity of a document's passage list, for caching its embeddings."""
-    h = hashlib.sha256()
-    for p in passages:
-        h.update(p.text.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
-
-
-class EmbeddingCache:
-    """Passage vectors per document, computed once. `store` is any mapping from
-    `passages_key` to an (n, d) array: a dict in tests, the store's table in the product."""
-
-    def __init__(self, encoder: Encoder, store: MutableMapping[str, np.ndarray] | None = None):
-        self.encoder = encoder
-        self.store = {} if store is None else store
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self.encoder.encode(texts)
-
-    def passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
-        key = passages_key(passages)
-        vecs = self.store.get(key)
-        if vecs is None or len(vecs) != len(passages):
-            vecs = self.encoder.encode([p.text for p in passages])
-            self.store[key] = vecs
-        return vecs
 
 
 # --------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .document import Document, RawSection, Section
+from ..document import Document, RawSection, Section
 
 __all__ = ["detect_sections", "section_key", "chinese_to_int", "roman_to_int", "looks_like_title"]
 

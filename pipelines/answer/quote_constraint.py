@@ -29,8 +29,8 @@ import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .passages import Passage
-from .textnorm import _HYPHEN_BREAK, _QUOTES, _SPACE
+from ..document import Passage
+from ..textnorm import _HYPHEN_BREAK, _QUOTES, _SPACE
 
 ABSTAIN = "Not found in the document."
 _QUOTE_CHARS = '"\u201c\u201d\u201e'

@@ -25,8 +25,8 @@ import codecs
 import re
 from pathlib import Path
 
-from docqa.pipelines.document import RawLine, RawPage, RawSection
-from docqa.pipelines.errors import IngestError
+from ..document import RawLine, RawPage, RawSection
+from ..errors import IngestError
 
 NOT_DECODABLE = "not valid UTF-8 and the encoding could not be determined"
 BINARY = "binary file, not text"
@@ -210,7 +210,7 @@ def parse_text(
     """Parse a text or Markdown file into (pages, sections, metadata).
 
     Text: one page per form-feed-separated chunk, or one page; sections None, meaning
-    "not known structurally": `pipelines.sections` finds them in the lines (an empty list
+    "not known structurally": `pipelines.ingest.sections` finds them in the lines (an empty list
     would tell it there are none). Markdown: one unit per ATX/setext heading, each a `RawSection`
     with the number taken from its text ("## 3.2 Title" -> "3.2"). Lines are verbatim.
     Raises `IngestError` for binary files, undecodable bytes and files without text.

@@ -38,8 +38,8 @@ from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError
 from pypdf.generic._font import Font
 
-from .document import RawLine, RawPage
-from .errors import IngestError
+from ..document import RawLine, RawPage
+from ..errors import IngestError
 from .ocr import NO_TEXT_LAYER, ocr_pages
 
 # Header/footer detection: how many lines at each edge are candidates, and on how many pages
@@ -103,7 +103,7 @@ def parse_pdf(path: str | Path, data: bytes | None = None, *,
             raise IngestError(where, f"corrupt PDF: {_one_line(e)}") from None
     if not pages:
         raise IngestError(where, "PDF has no pages")
-    # Pages without a text layer: OCR them (pipelines/ocr.py; the `ocr` extra).
+    # Pages without a text layer: OCR them (pipelines/ingest/ocr.py; the `ocr` extra).
     blank = [i for i, p in enumerate(pages) if not p.lines]
     ocr = ocr_pages(where, data, blank, required=len(blank) == len(pages),
                     on_page=(lambda done, total: on_page("ocr", done, total)) if on_page else None) if blank else None

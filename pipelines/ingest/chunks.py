@@ -14,9 +14,12 @@ import re
 from bisect import bisect_right
 from typing import Callable
 
-from .document import Document, Segment
+from ..document import Chunk, Document
 
-__all__ = ["make_segments", "approx_tokens"]
+__all__ = ["SEGMENT_TOKENS", "make_segments", "approx_tokens"]
+
+# The default segment size (`docqa ingest --segment-tokens`; review and the library use it too).
+SEGMENT_TOKENS = 2048
 
 _CJK_CLASS = r"\u3000-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
 _CJK = re.compile(f"[{_CJK_CLASS}]")
@@ -54,12 +57,12 @@ def make_segments(
     doc: Document,
     target_tokens: int = 2048,
     count_tokens: Callable[[str], int] | None = None,
-) -> list[Segment]:
+) -> list[Chunk]:
     """Cut the document into contiguous segments of about `target_tokens` tokens.
 
     Every segment but the last holds between ~60% and 100% of `target_tokens`, except that a
     single line longer than the budget becomes a segment of its own (lines are never
-    split). Segment spans are contiguous and cover `doc.text` from 0 to its end; the
+    split). Chunk spans are contiguous and cover `doc.text` from 0 to its end; the
     separator after a segment's last line belongs to that segment. `count_tokens` is the
     model's tokenizer; without it `approx_tokens` estimates.
     """
@@ -131,13 +134,13 @@ def _break_priorities(doc: Document, lines) -> list[int]:
     return prio
 
 
-def _segment(doc: Document, index: int, start: int, end: int, count, tokens) -> Segment:
+def _segment(doc: Document, index: int, start: int, end: int, count, tokens) -> Chunk:
     text = doc.text[start:end]
     first = doc.locate(start)
     last_char = end
     while last_char > start and doc.text[last_char - 1] in "\n\f":
         last_char -= 1
     last = doc.locate(max(start, last_char - 1))
-    return Segment(index=index, char_start=start, char_end=end, page_start=first.page,
+    return Chunk(index=index, char_start=start, char_end=end, page_start=first.page,
                    line_start=first.line, page_end=last.page, line_end=last.line,
                    token_count=count(text) if tokens is None else tokens, text=text)

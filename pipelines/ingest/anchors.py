@@ -30,9 +30,9 @@ import re
 from bisect import bisect_right
 from collections import Counter
 
-from .document import Anchor, Document, Section
+from ..document import Anchor, Document, Section
 from .sections import CN_NUM, chinese_to_int, looks_like_title, section_key
-from .textnorm import normalize
+from ..textnorm import normalize
 
 __all__ = ["tag_anchors", "definition_term_span", "normalize_date", "normalize_money",
            "normalize_duration", "words_to_int"]
@@ -142,6 +142,24 @@ def normalize_date(text: str) -> str | None:
     return None
 
 
+# A character each of `_DATE_PATTERNS` needs: a pattern's pass is skipped without it.
+_DATE_KEYS = ["", "", "-", "/", "年", ""]
+
+
+def find_dates(text: str) -> list[tuple[int, int, str, str]]:
+    """Every date the patterns read in `text`: (start, end, as written, ISO 8601), pattern by
+    pattern (a caller resolves overlaps). Tagging and the conflict rules read dates here."""
+    out = []
+    for (rx, _), key in zip(_DATE_PATTERNS, _DATE_KEYS):
+        if key not in text:
+            continue
+        for m in rx.finditer(text):
+            v = normalize_date(m.group(0))
+            if v:
+                out.append((m.start(), m.end(), m.group(0), v))
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Money, percentages, durations
 
@@ -233,6 +251,24 @@ def normalize_duration(text: str) -> str | None:
         n = chinese_to_int(m.group(1))
         return f"P{n}{_DUR_UNIT[m.group(2)]}" if n is not None else None
     return None
+
+
+def find_durations(text: str) -> list[tuple[int, int, str, str]]:
+    """Every period in `text`: (start, end, as written, ISO 8601 such as "P30D"); zero days
+    or years are not periods. Tagging and the conflict rules read durations here."""
+    out = []
+    for m in _DUR_UNIT_RE.finditer(text):
+        b = _DUR_BACK_RE.search(text, max(0, m.start() - 60), m.start())
+        if b:
+            s = text[b.start():m.end()]
+            v = normalize_duration(s)
+            if v and v not in {"P0D", "P0Y"}:
+                out.append((b.start(), m.end(), s, v))
+    for m in _CN_DURATION_RE.finditer(text) if _CJK_RE.search(text) else ():
+        v = normalize_duration(m.group(0))
+        if v and v not in {"P0D", "P0Y"}:
+            out.append((m.start(), m.end(), m.group(0), v))
+    return out
 
 
 _PERCENT_RE = re.compile(
@@ -404,14 +440,7 @@ def _entities(ctx: _Ctx, text: str) -> list[Anchor]:
     # Each pattern is a full pass over the text; skip those whose key character is absent.
     low = text.lower()
     cjk = bool(_CJK_RE.search(text))
-    keys = ["", "", "-", "/", "年" if cjk else None, ""]
-    for (rx, _), key in zip(_DATE_PATTERNS, keys):
-        if key is None or key not in text:
-            continue
-        for m in rx.finditer(text):
-            v = normalize_date(m.group(0))
-            if v:
-                found.append((m.start(), m.end(), "DATE", m.group(0), v))
+    found += [(a, b, "DATE", s, v) for a, b, s, v in find_dates(text)]
     money = [_MONEY_RE]
     if any(w in low for w in ("dollar", "euro", "pound", "yen")):
         money.append(_MONEY_WORDS_RE)
@@ -433,17 +462,7 @@ def _entities(ctx: _Ctx, text: str) -> list[Anchor]:
         n = words_to_int(b.group(1)) if b else None
         if n is not None:
             found.append((b.start(), m.end(), "PERCENT", text[b.start():m.end()], f"{n}%"))
-    for m in _DUR_UNIT_RE.finditer(text):
-        b = _DUR_BACK_RE.search(text, max(0, m.start() - 60), m.start())
-        if b:
-            s = text[b.start():m.end()]
-            v = normalize_duration(s)
-            if v and v not in {"P0D", "P0Y"}:
-                found.append((b.start(), m.end(), "DURATION", s, v))
-    for m in _CN_DURATION_RE.finditer(text) if cjk else ():
-        v = normalize_duration(m.group(0))
-        if v and v not in {"P0D", "P0Y"}:
-            found.append((m.start(), m.end(), "DURATION", m.group(0), v))
+    found += [(a, b, "DURATION", s, v) for a, b, s, v in find_durations(text)]
     found += _orgs(text)
 
     # Where two rules claim overlapping text, the longer claim wins ("May 31, 2017" over

@@ -35,7 +35,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import IngestError
+from ..errors import IngestError
 
 INSTALL = "pip install 'docqa[ocr]'"
 NO_TEXT_LAYER = "no text layer (scanned?)"  # how every "nothing to read" error starts

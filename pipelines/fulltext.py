@@ -1,5 +1,8 @@
 """Full-text search text and queries for SQLite FTS5 (pure; the store runs them).
 
+Shared by both sides: ingest indexes `index_text`, the store and retrieval query with
+`build_match` / `query_terms`.
+
 Two tokenizers are indexed and measured (SPEC §4, bench/fts_gold.py):
 
 - `unicode61`: words. It would treat a run of Chinese characters as ONE token, so the
@@ -23,6 +26,9 @@ import re
 from .textnorm import normalize
 
 TOKENIZERS = ("unicode61", "trigram")
+# bm25 column weight of a passage's section titles against its text (measured in
+# bench/retrieval_eval.py); the store and the in-memory indexes rank with it alike.
+TITLE_WEIGHT = 2.0
 
 _CJK_CHARS = (
     "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"

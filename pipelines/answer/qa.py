@@ -6,7 +6,7 @@ it with a scripted model. Steps: build the context, generate, parse and verify c
 attach mechanical citations to answer sentences copied verbatim from the excerpts, and fall
 back to the ranked evidence when nothing verifies (SPEC §4: never an unsupported answer
 shown as supported). Each verified citation is also judged on whether it *supports* an
-answer (pipelines/support.py); an answer none of whose citations supports it is withheld
+answer (pipelines/answer/support.py); an answer none of whose citations supports it is withheld
 as "Not found", its draft kept for audit (`raw_answer`, `draft_citations`).
 """
 
@@ -20,14 +20,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import Citation, cite_lines, find_quote, parse_citations, relocate, verify
-from .context import BuiltContext, approx_tokens, build_context, chat_messages
-from .document import Document
-from .passages import Passage
+from .prompt import BuiltContext, approx_tokens, build_context, chat_messages
+from ..document import Document, Passage
 from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
 from .support import (_AFFIXES, Need, answer_figure_quoted, for_documents, header_years, need_of,  # noqa: F401
                       subject_words, why_not)
-from .textnorm import normalize
+from ..textnorm import normalize
 
 Generate = Callable[[list[dict[str, str]]], str]
 # Quote-constrained: the model may write only what the plan allows (labels of the passages it
@@ -75,7 +74,7 @@ def evidence_passages(passages: list[Passage], k: int) -> list[Passage]:
     for p in passages:
         if len(out) >= k and len(pages) >= k or len(out) == 2 * k:
             break
-        key = (p.doc_id, p.page, p.label)
+        key = (p.doc_id, p.page, p.element_id)
         if len(out) < k or key not in pages:
             pages.add(key)
             out.append(p)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .search import STOPWORDS
-from .textnorm import normalize
+from ..fulltext import STOPWORDS
+from ..textnorm import normalize
 
 # Phrases of review checklists that describe the task, not the subject.
 _BOILERPLATE = [

@@ -26,13 +26,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .document import Document
-# Figures and years, in questions and quotes, are read in one place (pipelines/figures.py);
+from ..document import Document
+# Figures and years, in questions and quotes, are read in one place (pipelines/answer/figures.py);
 # the names not used here are re-exported for qa, the tests and the bench.
 from .figures import (FRAMING_WORDS, Figure, FigureKind, figure_asked, figures, has_figure,  # noqa: F401
                       header_years, is_year_word, mentions_year, metric_words, question_years)
 from .query import analyze, content_words, expand, quoted_phrases, stem
-from .textnorm import normalize
+from ..textnorm import normalize
 
 
 # Prefixes that a hyphen splits off ("Non-Compete", "Post-Termination"): alone they name nothing.

@@ -38,9 +38,9 @@ import re
 
 from lxml import etree
 
-from docqa.pipelines.document import RawLine, RawPage, RawSection
-from docqa.pipelines.errors import IngestError
-from docqa.pipelines.text import decode, heading_number, read_bytes
+from ..document import RawLine, RawPage, RawSection
+from ..errors import IngestError
+from .text import decode, heading_number, read_bytes
 
 LINE_WIDTH = 200
 

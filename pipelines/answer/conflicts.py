@@ -54,25 +54,13 @@ from itertools import combinations
 from pydantic import BaseModel, ConfigDict
 
 from .citations import Citation, find_quote, relocate
-from .document import Document
-from .search import STOPWORDS
+from ..document import Document
+from ..fulltext import STOPWORDS
+from ..ingest.anchors import find_dates, find_durations
 
-_NUMBER_WORDS = {
-    w: i
-    for i, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-        "fifteen sixteen seventeen eighteen nineteen twenty".split()
-    )
-} | {"thirty": 30, "forty": 40, "forty-five": 45, "fifty": 50, "sixty": 60, "seventy": 70,
-     "eighty": 80, "ninety": 90, "one hundred twenty": 120, "one hundred eighty": 180}
-_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
-_WORD = "|".join(sorted((re.escape(w) for w in _NUMBER_WORDS), key=len, reverse=True))
-# "sixty (60) days", "60 days", "sixty days", "five-year", "12-month"
-_DURATION = re.compile(
-    rf"\b(?:(?P<word>{_WORD})\s*(?:\(\s*(?P<paren>\d{{1,4}})\s*\))?|(?P<digits>\d{{1,4}}))"
-    r"[\s-]*(?:business\s+|calendar\s+)?(?P<unit>day|week|month|year)s?\b",
-    re.IGNORECASE,
-)
+# A period in days, from its ISO 8601 duration (`anchors.find_durations`): a month counts
+# 30 days, a year 365.
+_UNIT_DAYS = {"D": 1, "W": 7, "M": 30, "Y": 365}
 # A period's kind: the nearest of these before the number, within its sentence.
 _ROLES: list[tuple[str, re.Pattern]] = [
     ("survival", re.compile(r"surviv", re.I)),
@@ -164,15 +152,6 @@ _MONEY_ITEM = re.compile(
 _DATE_ITEM = re.compile(r"\b(date|deadline)s?\b", re.I)
 # `(the "Effective Date")` right after a value names what it is.
 _DEFINED_AFTER = re.compile(r"^\s*,?\s*\(\s*(?:the\s+|each,?\s+an?\s+|an?\s+)?[\"“']([^\"”']{2,40})[\"”']\s*\)", re.I)
-_MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-           "november", "december"]
-_MONTH = "(?:" + "|".join(_MONTHS) + r"|(?:jan|feb|mar|apr|jun|jul|aug|sept?|oct|nov|dec)\.?)"
-_DATE = re.compile(
-    rf"\b(?:(?P<m1>{_MONTH})\s+(?P<d1>\d{{1,2}})(?:st|nd|rd|th)?,?\s+(?P<y1>\d{{4}})|"
-    rf"(?P<d2>\d{{1,2}})(?:st|nd|rd|th)?\s+(?:day\s+of\s+)?(?P<m2>{_MONTH}),?\s+(?P<y2>\d{{4}})|"
-    r"(?P<y3>\d{4})-(?P<mo3>\d{2})-(?P<d3>\d{2}))\b",
-    re.I,
-)
 _ITEM_WORDS = re.compile(r"[A-Za-z][\w-]*")
 
 
@@ -216,18 +195,12 @@ def _amounts(text: str) -> list[Fact]:
 
 def _dates(text: str) -> list[Fact]:
     out = []
-    for m in _DATE.finditer(text):
-        if m["y3"]:
-            y, mo, d = int(m["y3"]), int(m["mo3"]), int(m["d3"])
-        else:
-            name = (m["m1"] or m["m2"]).lower().rstrip(".")
-            mo = next((i + 1 for i, full in enumerate(_MONTHS) if full.startswith(name[:3])), 0)
-            y, d = int(m["y1"] or m["y2"]), int(m["d1"] or m["d2"])
-        if not (1 <= mo <= 12 and 1 <= d <= 31):
+    for start, end, written, iso in find_dates(text):
+        if len(iso) != 10:  # a month ("December 2021") is not the date of anything
             continue
-        item = _defined_after(text, m.end()) or _item_before(text, m.start(), _DATE_ITEM, reach=60)
+        item = _defined_after(text, end) or _item_before(text, start, _DATE_ITEM, reach=60)
         if item:
-            out.append(Fact("date", item, f"{y:04d}-{mo:02d}-{d:02d}", m.group().strip()))
+            out.append(Fact("date", item, iso, written.strip()))
     return out
 
 
@@ -239,19 +212,19 @@ class Sentence:
 
     def durations(self) -> list[Duration]:
         out = []
-        for m in _DURATION.finditer(self.text):
-            n = int(m["paren"] or m["digits"] or 0) or _NUMBER_WORDS.get((m["word"] or "").lower(), 0)
+        for start, end, written, iso in find_durations(self.text):
+            n, unit = int(iso[1:-1]), iso[-1]
             if not n:
                 continue
-            before = self.text[: m.start()]
+            before = self.text[:start]
             role, best = None, -1
             for name, pat in _ROLES:
                 for r in pat.finditer(before):
                     if r.end() > best:
                         role, best = name, r.end()
-            if role not in _NOTICE_ROLES and _NOTICE_AFTER.match(self.text[m.end():]):
+            if role not in _NOTICE_ROLES and _NOTICE_AFTER.match(self.text[end:]):
                 role = "termination notice" if re.search(r"terminat", before, re.I) else "notice period"
-            out.append(Duration(n * _UNIT_DAYS[m["unit"].lower()], m.group().strip(), role))
+            out.append(Duration(n * _UNIT_DAYS[unit], written.strip(), role))
         return out
 
     def facts(self) -> list[Fact]:

@@ -14,21 +14,24 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from .document import Document
-from .textnorm import normalize, normalize_loose
+from ..document import Document, Span
+from ..textnorm import normalize, normalize_loose
 
 # Quotes shorter than this (after normalisation) prove nothing: "the", "30 days".
 MIN_QUOTE_CHARS = 12
 
 
 class Citation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # `element_id` is read and written as "section_id" (the runs table's column and
+    # `--json`'s field since the first release), and accepted by either name.
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
 
     doc_id: str
     page: int | None  # 1-based physical page; None for HTML
-    section_id: str | None  # HTML element id; None for PDF/text
+    element_id: str | None = Field(alias="section_id")  # HTML element id; None for PDF/text
     line_start: int
     line_end: int
     quote: str
@@ -38,18 +41,21 @@ class Citation(BaseModel):
     char_start: int | None = None  # where the quote lies in Document.text, once verified
     char_end: int | None = None
     note: str | None = None  # why a citation did not verify, or why it does not support the answer
-    # Whether the quote answers the question (pipelines/support.py): it names the subject and,
+    # Whether the quote answers the question (pipelines/answer/support.py): it names the subject and,
     # for a numeric question, holds a figure of the kind and year asked. None: not judged
     # (evidence passages, runs stored before the check existed).
     supports: bool | None = None
 
+    @property
+    def span(self) -> Span:
+        """The cited lines (and, once verified, where the quote lies in the text)."""
+        return Span(page=self.page, element_id=self.element_id, line_start=self.line_start,
+                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
+
     def label(self, *, with_doc: bool = False) -> str:
         """`[PAGE:p, LINE:a-b]` (or SECTION for HTML); `with_doc` names the document first,
         as answers over several documents must."""
-        doc = f"DOC:{self.doc_id}, " if with_doc else ""
-        where = f"SECTION:{self.section_id}" if self.section_id else f"PAGE:{self.page}"
-        lines = f"{self.line_start}" if self.line_start == self.line_end else f"{self.line_start}-{self.line_end}"
-        return f"[{doc}{where}, LINE:{lines}]"
+        return self.span.label(self.doc_id if with_doc else None)
 
 
 _CITE = re.compile(
@@ -70,7 +76,7 @@ class CitedSpan(BaseModel):
     end: int
     doc_id: str | None
     page: int | None
-    section_id: str | None
+    element_id: str | None  # HTML element id
     line_start: int
     line_end: int
     quote: str
@@ -101,7 +107,7 @@ def parse_citations(answer: str) -> list[CitedSpan]:
                 end=m.end(),
                 doc_id=m["doc"].lower() if m["doc"] else None,
                 page=int(m["page"]) if m["page"] else None,
-                section_id=m["section"],
+                element_id=m["section"],
                 line_start=min(l1, l2),
                 line_end=max(l1, l2),
                 quote=quote.strip().strip("-–—:,; "),
@@ -112,9 +118,9 @@ def parse_citations(answer: str) -> list[CitedSpan]:
 
 
 def _page_for(doc: Document, span: CitedSpan) -> int | None:
-    if span.section_id is not None:
+    if span.element_id is not None:
         for p in doc.pages:
-            if p.label == span.section_id:
+            if p.label == span.element_id:
                 return p.n
         return None
     if span.page is not None and 1 <= span.page <= len(doc.pages):
@@ -177,7 +183,7 @@ def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | Non
     base = dict(
         doc_id=doc_id or "",
         page=span.page,
-        section_id=span.section_id,
+        element_id=span.element_id,
         line_start=span.line_start,
         line_end=span.line_end,
         quote=span.quote,
@@ -185,7 +191,7 @@ def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | Non
     doc = docs.get(doc_id) if doc_id else None
     if doc is None:
         return Citation(**base, note="unknown document")
-    if doc.type == "html" and span.section_id is None and span.page is not None:
+    if doc.type == "html" and span.element_id is None and span.page is not None:
         base["page"] = None  # HTML has no pages; keep the line claim, look up by quote below
     page_n = _page_for(doc, span)
     if len(normalize(span.quote)) < MIN_QUOTE_CHARS:
@@ -220,7 +226,7 @@ def relocate(doc: Document, hit: tuple[int, int], *, quote: str) -> Citation:
     return Citation(
         doc_id=doc.doc_id,
         page=None if html else a.page,
-        section_id=doc.page(a.page).label if html else None,
+        element_id=doc.page(a.page).label if html else None,
         line_start=a.line,
         line_end=b_line,
         quote=quote,
@@ -245,7 +251,7 @@ def cite_lines(doc: Document, page: int, line_start: int, line_end: int) -> Cita
     return Citation(
         doc_id=doc.doc_id,
         page=None if html else page,
-        section_id=p.label if html else None,
+        element_id=p.label if html else None,
         line_start=line_start,
         line_end=line_end,
         quote=text,

@@ -1,55 +1,19 @@
-"""One file in, one finished `Document` out: type detection, parsing, structure, anchors,
-segments. Pure: it reads the file once and touches no database."""
+"""One loaded file (`source.load`) in, one finished `Document` out: parsing, structure,
+anchors, chunks. Pure: it reads the file once and touches no database."""
 
 from __future__ import annotations
 
-import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .document import Document, DocType, assemble
-from .errors import IngestError
-
-DEFAULT_MAX_BYTES = 200 * 1024 * 1024
+from ..document import Document, DocType, assemble
+from .chunks import SEGMENT_TOKENS
+from .source import DEFAULT_MAX_BYTES, Source, load
 
 # on_page(step, done, total) while a PDF's pages are read (`pdf.PageProgress`; not imported
 # from there, so that loading this module does not load pypdf).
 PageProgress = Callable[[str, int, int], None]
-
-EXTENSIONS: dict[str, DocType] = {
-    ".pdf": "pdf",
-    ".html": "html",
-    ".htm": "html",
-    ".xhtml": "html",
-    ".md": "markdown",
-    ".markdown": "markdown",
-    ".txt": "text",
-}
-
-
-def doc_id_for(data: bytes) -> tuple[str, str]:
-    """(doc_id, sha256): the id is the first 12 hex digits of the content hash."""
-    digest = hashlib.sha256(data).hexdigest()
-    return digest[:12], digest
-
-
-def detect_type(path: Path, data: bytes) -> DocType:
-    """The extension decides, except that PDF magic bytes win (PDFs are often saved without
-    an extension) and a `.pdf` without them is refused here rather than deep in the parser."""
-    # The PDF spec lets the header sit anywhere in the first 1024 bytes.
-    is_pdf = b"%PDF-" in data[:1024]
-    ext = path.suffix.lower()
-    if ext == ".pdf" and not is_pdf:
-        raise IngestError(str(path), "not a PDF file (no %PDF header); corrupt or mislabelled")
-    if is_pdf:
-        return "pdf"
-    if ext in EXTENSIONS:
-        return EXTENSIONS[ext]
-    shown = ext or "(no extension)"
-    supported = ", ".join(sorted(EXTENSIONS))
-    raise IngestError(str(path), f"unsupported file type '{shown}' (supported: {supported})")
 
 
 def _parse(kind: DocType, path: Path, data: bytes, on_page: PageProgress | None = None):
@@ -70,50 +34,10 @@ def _parse(kind: DocType, path: Path, data: bytes, on_page: PageProgress | None 
     return parse_text(path, data=data, markdown=kind == "markdown")
 
 
-@dataclass(frozen=True)
-class Source:
-    """A file read into memory and identified, before any parsing."""
-
-    path: Path
-    data: bytes
-    type: DocType
-    doc_id: str
-    sha256: str
-
-
-def load(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Source:
-    """Read one file once, check its size and type, and hash it (cheap; no parsing), so a
-    caller can skip parsing content it already has."""
-    path = Path(path).expanduser().resolve()
-    name = str(path)
-    if path.is_dir():
-        raise IngestError(name, "is a folder, not a file")
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise IngestError(name, "no such file") from None
-    except OSError as e:
-        raise IngestError(name, f"cannot read: {e.strerror or e}") from None
-    # Checked before reading so a huge file never lands in memory.
-    if size > max_bytes:
-        raise IngestError(name, f"file too large ({size:,} bytes; the limit is {max_bytes:,})")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise IngestError(name, f"cannot read: {e.strerror or e}") from None
-    if len(data) > max_bytes:  # grew between stat and read
-        raise IngestError(name, f"file too large (the limit is {max_bytes:,} bytes)")
-    if not data:
-        raise IngestError(name, "empty file (0 bytes)")
-    kind = detect_type(path, data)
-    doc_id, sha256 = doc_id_for(data)
-    return Source(path=path, data=data, type=kind, doc_id=doc_id, sha256=sha256)
-
-
 def build(
     source: Source,
     *,
-    segment_tokens: int = 2048,
+    segment_tokens: int = SEGMENT_TOKENS,
     count_tokens: Callable[[str], int] | None = None,
     on_page: PageProgress | None = None,
 ) -> Document:
@@ -134,13 +58,13 @@ def finish(
     raw_sections,
     metadata: dict | None,
     *,
-    segment_tokens: int = 2048,
+    segment_tokens: int = SEGMENT_TOKENS,
     count_tokens: Callable[[str], int] | None = None,
 ) -> Document:
     """Structure, anchors and segments on top of a parser's output (`parse`)."""
     from .anchors import tag_anchors
     from .sections import detect_sections
-    from .segments import make_segments
+    from .chunks import make_segments
 
     metadata = dict(metadata or {})
     title = metadata.get("title")
@@ -200,7 +124,7 @@ def cover_title(doc: Document) -> str | None:
 def ingest_file(
     path: str | Path,
     *,
-    segment_tokens: int = 2048,
+    segment_tokens: int = SEGMENT_TOKENS,
     count_tokens: Callable[[str], int] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Document:

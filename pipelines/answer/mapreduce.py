@@ -21,9 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import Citation, find_quote, parse_citations, relocate, verify
 from .conflicts import detect_conflicts, detect_cross_conflicts
-from .document import Document, Segment
+from ..document import Chunk, Document, Span
 from .qa import Answer, Generate, segment_of
-from .textnorm import normalize
+from ..textnorm import normalize
 
 MAP_PROMPT = (
     "You extract evidence from one excerpt of a document. List every statement in the "
@@ -46,25 +46,27 @@ class Extraction(BaseModel):
     rejected: int = 0  # citations the model made that did not verify
 
 
-def segment_text(doc: Document, seg: Segment) -> str:
+def segment_text(doc: Document, seg: Chunk) -> str:
     """A segment as the map step shows it: each page's part under its marker."""
     parts = []
     for p in doc.pages[seg.page_start - 1 : seg.page_end]:
         lines = [ln for ln in p.lines if ln.role == "body" and seg.char_start <= ln.start < seg.char_end]
         if lines:
-            where = f"[SECTION:{p.label}" if doc.type == "html" else f"[PAGE:{p.n}"
-            parts.append(f"{where}, LINE:{lines[0].n}-{lines[-1].n}]\n" + "\n".join(ln.text for ln in lines))
+            html = doc.type == "html"
+            span = Span(page=None if html else p.n, element_id=p.label if html else None,
+                        line_start=lines[0].n, line_end=lines[-1].n)
+            parts.append(span.label(line_range=True) + "\n" + "\n".join(ln.text for ln in lines))
     return "\n\n".join(parts)
 
 
-def map_messages(question: str, doc: Document, seg: Segment) -> list[dict[str, str]]:
+def map_messages(question: str, doc: Document, seg: Chunk) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": MAP_PROMPT},
         {"role": "user", "content": f"[EXCERPT]\n{segment_text(doc, seg)}\n[END OF EXCERPT]\n\nQuestion: {question}"},
     ]
 
 
-def map_segment(question: str, doc: Document, seg: Segment, generate: Generate) -> Extraction:
+def map_segment(question: str, doc: Document, seg: Chunk, generate: Generate) -> Extraction:
     raw = generate(map_messages(question, doc, seg))
     kept, rejected = [], 0
     for span in parse_citations(raw):

@@ -8,33 +8,12 @@ match every query and prove nothing.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from collections.abc import Sequence
 
-from .document import Document
+from ..document import Document, Passage, Section
 
 TARGET_CHARS = 400  # about a paragraph; long enough for bm25, short enough to cite
 MAX_CHARS = 1000
-
-
-class Passage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    doc_id: str
-    index: int
-    page: int
-    label: str | None  # HTML element id
-    line_start: int
-    line_end: int
-    char_start: int
-    char_end: int
-    text: str
-    section_id: str | None = None
-    score: float = 0.0  # filled in by retrieval
-
-    def cite_label(self, *, with_doc: bool = False) -> str:
-        doc = f"DOC:{self.doc_id}, " if with_doc else ""
-        where = f"SECTION:{self.label}" if self.label else f"PAGE:{self.page}"
-        return f"[{doc}{where}, LINE:{self.line_start}-{self.line_end}]"
 
 
 def _ends_paragraph(text: str) -> bool:
@@ -66,7 +45,7 @@ def make_passages(doc: Document) -> list[Passage]:
                         doc_id=doc.doc_id,
                         index=len(out),
                         page=page.n,
-                        label=page.label,
+                        element_id=page.label,
                         line_start=a.n,
                         line_end=b.n,
                         char_start=a.start,
@@ -89,4 +68,21 @@ def make_passages(doc: Document) -> list[Passage]:
             size += len(ln.text) + 1
             prev_n = ln.n
         flush()
+    return out
+
+
+def passage_titles(sections: Sequence[Section], passages: Sequence[Passage]) -> list[str]:
+    """Per passage, the titles of its section and the sections above it: what an FTS
+    index stores beside the text, so a heading's words count for the clause under it."""
+    by_id = {s.id: s for s in sections}
+    out = []
+    for p in passages:
+        titles, sid = [], p.section_id
+        while sid and sid in by_id:
+            s = by_id[sid]
+            # A "title" that is really the clause's first sentence cut short is not a heading.
+            if len(s.title.split()) <= 8:
+                titles.append(s.title)
+            sid = s.parent_id
+        out.append(" / ".join(titles))
     return out

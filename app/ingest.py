@@ -1,0 +1,101 @@
+"""Ingesting a path into the store: the one library function `docqa ingest`, `docqa review`
+and the Ray executor's workers share.
+
+A file is read and hashed first (`source.load`); content the store already holds is not
+parsed again, only its new path recorded. Anything else is parsed into its complete record
+(`pipelines.ingest.record.build_record`) and written in one transaction. `ingest_path` does
+both in this process; an executor whose workers do not share the database runs
+`parse_source` on a worker and `add_record` here (see `review_cli`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..pipelines.errors import IngestError
+from ..pipelines.ingest.chunks import SEGMENT_TOKENS
+from ..pipelines.ingest.source import Source, detect_type, doc_id_for, load
+from . import config
+
+if TYPE_CHECKING:
+    from ..pipelines.ingest.build import PageProgress
+    from ..pipelines.document import Record
+    from .store import Store
+
+STDIN = Path("-")  # as a PATH to ingest: read the document from standard input
+
+
+def read_stdin(max_bytes: int) -> Source:
+    """`-` as a file: the document is read from standard input and its type sniffed from its
+    bytes (PDF magic, an HTML tag near the start, else text). Recorded with the path `<stdin>`."""
+    name = Path("<stdin>")
+    data = sys.stdin.buffer.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise IngestError(str(name), f"input too large (the limit is {max_bytes:,} bytes)")
+    if not data:
+        raise IngestError(str(name), "empty input (0 bytes)")
+    head = data[:1024].lstrip().lower()
+    ext = ".html" if head.startswith((b"<!doctype html", b"<html", b"<?xml")) or b"<html" in head else ".txt"
+    kind = detect_type(name.with_suffix(ext), data)
+    doc_id, sha256 = doc_id_for(data)
+    return Source(path=name, data=data, type=kind, doc_id=doc_id, sha256=sha256)
+
+
+def open_source(path: Path, max_bytes: int | None = None) -> Source:
+    """The file (or `-`, standard input) read, checked and hashed; `IngestError` if it cannot be."""
+    max_bytes = config.max_file_bytes() if max_bytes is None else max_bytes
+    return read_stdin(max_bytes) if path == STDIN else load(path, max_bytes=max_bytes)
+
+
+def add_known(store: Store, source: Source) -> dict | None:
+    """For content the store already holds: record this path and say so (no parsing)."""
+    if not store.has(source.doc_id):
+        return None
+    status = store.add_path(source.doc_id, str(source.path))
+    info = store.info(source.doc_id)
+    return {"doc_id": source.doc_id, "path": str(source.path), "type": info.type, "pages": info.pages,
+            "sections": info.sections, "anchors": info.anchors, "segments": info.segments, "status": status}
+
+
+def add_record(store: Store, source: Source, record: Record) -> dict:
+    """Write a parsed record; what `docqa ingest --json` reports of it."""
+    doc = record.document
+    status = store.add_record(record).status
+    out = {"doc_id": source.doc_id, "path": str(source.path), "type": doc.type, "pages": len(doc.pages),
+           "sections": len(doc.sections), "anchors": len(doc.anchors), "segments": len(doc.segments)}
+    encoding = str((doc.metadata or {}).get("encoding", ""))
+    if "replaced" in encoding:  # pipelines/ingest/text.py: mostly UTF-8, a few bytes damaged
+        out["warning"] = f"decoded as {encoding}"
+    return {**out, "status": status}
+
+
+def build_record(source: Source, *, segment_tokens: int = SEGMENT_TOKENS,
+                 on_page: PageProgress | None = None) -> Record:
+    # Imported on first use: `docqa --help` must not load the parsers (bench/startup.py).
+    from ..pipelines.ingest.record import build_record
+
+    return build_record(source, segment_tokens=segment_tokens, on_page=on_page)
+
+
+def ingest_path(store: Store, path: Path, *, max_bytes: int | None = None,
+                segment_tokens: int = SEGMENT_TOKENS, on_page: PageProgress | None = None) -> dict:
+    """Ingest one file (or `-`) into `store`: its summary (doc id, path, type, counts, status
+    "added" / "already ingested" / "new path"). `on_page(step, done, total)` while a PDF's
+    pages are read. Raises `IngestError` for a file that cannot be ingested; the store is
+    then unchanged."""
+    source = open_source(path, max_bytes)
+    known = add_known(store, source)
+    if known is not None:
+        return known
+    return add_record(store, source, build_record(source, segment_tokens=segment_tokens, on_page=on_page))
+
+
+def parse_source(source: Source) -> dict:
+    """On a worker that does not share the database: a loaded file parsed (OCR included) into
+    its record, or the one-line error; the driver writes it with `add_record`."""
+    try:
+        return {"record": build_record(source)}
+    except IngestError as e:
+        return {"error": str(e)}

@@ -1,0 +1,6 @@
+"""The ingest side: a file in, its complete record out (`record.build_record`; the store
+writes it through `app.ingest.ingest_path`).
+
+source (read, identify) → pdf / html / text (+ ocr) (parse) → document.assemble (lay out) →
+sections, anchors (structure) → chunks, passages (cut) → record (passages' titles, search text).
+"""
