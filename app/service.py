@@ -21,7 +21,7 @@ from dataclasses import asdict
 
 from ..pipelines.document import Document
 from ..pipelines.document import Passage
-from ..pipelines.answer.qa import answer_question, check_answer, evidence_citations
+from ..pipelines.answer.qa import answer_question, answer_read_all
 from ..pipelines.answer.retrieval import retrieve
 from . import config
 from .config import AskSettings
@@ -140,7 +140,8 @@ def ask(
             raw, engine_timings = read_all_remote(model.server, doc, question, settings, on_token)
         else:
             raw, engine_timings = read_all_engine(model.engine, doc, question, settings, on_token, on_progress)
-        answer = answer_read_all(question, raw, docs, ranked, passages[doc.doc_id], settings)
+        answer = answer_read_all(question, raw, docs, ranked, passages[doc.doc_id], evidence_k=settings.evidence,
+                                 support_check=settings.subject_check)
         answer.timings.update(engine_timings)
     else:
         answer = answer_question(
@@ -165,11 +166,3 @@ def ask(
         runtime.store, answer, doc_ids=list(docs), model=model.name if model else None, settings=asdict(settings),
         kind=kind, job_id=job_id, item_id=item_id,
     )
-
-
-def answer_read_all(question: str, raw: str, docs: dict[str, Document], ranked: list[Passage],
-                    passages: list[Passage], settings: AskSettings):
-    """The answer step of `--read-all`: the model read the whole document, so its raw answer
-    is verified against all of the document's passages; the evidence is the ranked one."""
-    evidence = evidence_citations(docs, ranked, settings.evidence)
-    return check_answer(question, raw, docs, passages, evidence, withhold=settings.subject_check)

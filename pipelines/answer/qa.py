@@ -244,3 +244,11 @@ def segment_of(doc: Document, offset: int | None) -> int | None:
         if seg.char_start <= offset < seg.char_end:
             return seg.index
     return None
+
+
+def answer_read_all(question: str, raw: str, docs: dict[str, Document], ranked: list[Passage],
+                    passages: list[Passage], *, evidence_k: int, support_check: bool = True) -> Answer:
+    """The answer step of `--read-all`: the model read the whole document, so its raw answer is
+    verified against all of the document's `passages`; the evidence is the `ranked` one."""
+    evidence = evidence_citations(docs, ranked, evidence_k)
+    return check_answer(question, raw, docs, passages, evidence, withhold=support_check)
