@@ -96,7 +96,8 @@ def _dedupe(cites: list[Citation]) -> list[Citation]:
     return out
 
 
-def _paper_header(doc: Document) -> str | None:
+def paper_header(doc: Document) -> str | None:
+    """`[PAPER: title; authors; year]` for a document whose anchors name a paper, else None."""
     meta = {a.subtype: a.value for a in doc.anchors if a.type == "PAPER"}
     authors = [a.value for a in doc.anchors if a.type == "PAPER" and a.subtype == "AUTHOR"]
     if not meta.get("TITLE"):
@@ -117,7 +118,7 @@ def reduce_extractions(question: str, docs: Mapping[str, Document], extractions:
             continue
         if multi:
             lines.append(f"{doc.title or doc.path} ({doc_id}):")
-        header = _paper_header(doc)
+        header = paper_header(doc)
         if header:
             lines.append(header)
         by_section: dict[str | None, list[Citation]] = {}

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
 from .conflicts import detect_conflicts, detect_cross_conflicts, sentences
+from .mapreduce import paper_header
 from ..document import Chunk, Document
 from .query import content_words, stem
 from .quote_constraint import QuotePlan
@@ -737,15 +738,6 @@ def tie_sentences(raw: str, numbered: Sequence[Statement]) -> tuple[list[Sentenc
 
 
 # -- merge -------------------------------------------------------------------------------------
-
-
-def paper_header(doc: Document) -> str | None:
-    meta = {a.subtype: a.value for a in doc.anchors if a.type == "PAPER"}
-    authors = [a.value for a in doc.anchors if a.type == "PAPER" and a.subtype == "AUTHOR"]
-    if not meta.get("TITLE"):
-        return None
-    who = ", ".join(authors[:3]) + (" et al." if len(authors) > 3 else "")
-    return f"[PAPER: {meta['TITLE']}; {who}; {meta.get('YEAR', 'n.d.')}]"
 
 
 def _paper_cites(doc: Document) -> list[Citation]:
