@@ -68,9 +68,10 @@ def test_cli_device_flag_reports_a_missing_gpu():
 
 # --- the decoder against HF transformers ----------------------------------------------------------
 
-# Under the interpreter each case costs ~45 s of CI's 15 minutes: llama runs by default there,
-# Qwen2/Qwen3 with -m slow; on a GPU all three run by default.
+# The costliest interpreter runs (45-100 s each of CI's 15 minutes) are -m slow on the CPU and
+# run by default on a GPU: Qwen2/Qwen3 beside llama below, the tiered state, the prefix cache.
 SLOW_ON_CPU = [] if has_cuda() else [pytest.mark.slow]
+slow_on_cpu = (lambda test: test) if has_cuda() else pytest.mark.slow
 
 
 @triton_runs
@@ -128,6 +129,7 @@ def test_triton_sparse_state_matches_the_pytorch_sparse_state(tmp_path):
 
 
 @triton_runs
+@slow_on_cpu  # ~80 s under the interpreter
 def test_tiered_state_gives_the_resident_states_results(tmp_path):
     """A GPU budget of a few segments: the factory returns the tiered state (ring + host pool);
     prefill moves old segments to the host, decode reads routed blocks there — and logits and
@@ -155,6 +157,7 @@ def test_tiered_state_gives_the_resident_states_results(tmp_path):
 
 
 @triton_runs
+@slow_on_cpu  # ~100 s under the interpreter (test_a_prefetch_for_another_prompt_is_dropped runs by default)
 def test_prefix_cache_on_the_triton_state(tmp_path, caplog):
     """A document read once: the next question continues the live state (nothing of the
     document prefilled); another process (a fresh cache over the same directory) adopts the
