@@ -38,7 +38,7 @@ Progress = Callable[[str, int, int], None]
 
 class LoadedEngine:
     """An engine with what answering keeps beside it: its vocabulary as text (for quote-
-    constrained decoding, built on first use) and its per-document prefix cache."""
+    constrained decoding, built on first use); its prefix cache is the engine's own."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -49,10 +49,6 @@ class LoadedEngine:
         if self._token_table is None:
             self._token_table = TokenTable.from_tokenizer(self.engine.tokenizer)
         return self._token_table
-
-    @property
-    def prefix_cache(self):
-        return self.engine.prefix_cache
 
 
 @dataclass(frozen=True)
@@ -186,44 +182,49 @@ def read_all_remote(remote: RemoteModel, doc: Document, question: str, settings:
     return text, {"generate_s": time.perf_counter() - t0, **({"first_token_s": first[0]} if first else {})}
 
 
-def read_all_prompt(tok, doc: Document, question: str, settings: AskSettings) -> tuple[list[int], list[int], int]:
-    """`--read-all`'s prompt split where the question goes (engine/chat.py `split_prompt`): the
+class ReadAllPrompt:
+    """`--read-all`'s prompt, split where the question goes (engine/chat.py `split_prompt`): the
     per-document prefix (system prompt + document) the prefix cache keeps, the rest, and how
-    many tokens may be generated."""
-    from ..engine.chat import split_prompt, think_ids
+    many tokens may be generated. Tokenized once: by `Engine.load(prefetch=self)` while the
+    weights load (it is the prefetch callback), or by the answer step when the engine was loaded
+    before — a 128K-token document takes a while to tokenize."""
 
-    prefix_ids, rest_ids = split_prompt(tok, read_all_messages(doc, _SLOT), _SLOT, question,
-                                        enable_thinking=settings.thinking, reasoning_effort=settings.reasoning_effort)
-    thinks = think_ids(tok) is not None and settings.thinking is not False
-    return prefix_ids, rest_ids, settings.max_tokens + (THINK_TOKENS if thinks else 0)
+    def __init__(self, doc: Document, question: str, settings: AskSettings):
+        self.doc, self.question, self.settings = doc, question, settings
+        self._ids: tuple[list[int], list[int], int] | None = None
+
+    def ids(self, tok) -> tuple[list[int], list[int], int]:
+        if self._ids is None:
+            from ..engine.chat import split_prompt, think_ids
+
+            s = self.settings
+            prefix_ids, rest_ids = split_prompt(tok, read_all_messages(self.doc, _SLOT), _SLOT, self.question,
+                                                enable_thinking=s.thinking, reasoning_effort=s.reasoning_effort)
+            thinks = think_ids(tok) is not None and s.thinking is not False
+            self._ids = prefix_ids, rest_ids, s.max_tokens + (THINK_TOKENS if thinks else 0)
+        return self._ids
+
+    def __call__(self, tok) -> tuple[str, list[int], int]:
+        """For `Engine.load(prefetch=)`: the document whose cached KV to read while loading."""
+        from ..engine.generate import Engine
+
+        prefix_ids, rest_ids, max_new = self.ids(tok)
+        return self.doc.content_sha256, prefix_ids, Engine.document_capacity(len(prefix_ids), len(rest_ids), max_new)
 
 
-def read_all_prefetch(doc: Document, question: str, settings: AskSettings):
-    """For `Engine.load(prefetch=)`: the document's cached KV is read while the weights load."""
-
-    from ..engine.generate import Engine
-
-    def document(tok):
-        prefix_ids, rest_ids, max_new = read_all_prompt(tok, doc, question, settings)
-        return doc.content_sha256, prefix_ids, Engine.document_capacity(len(prefix_ids), len(rest_ids), max_new)
-
-    return document
-
-
-def read_all_engine(loaded: LoadedEngine, doc: Document, question: str, settings: AskSettings,
-                    on_token: Callable[[str], None] | None, on_progress: Progress | None = None) -> tuple[str, dict]:
+def read_all_engine(loaded: LoadedEngine, prompt: ReadAllPrompt, on_token: Callable[[str], None] | None,
+                    on_progress: Progress | None = None) -> tuple[str, dict]:
     """Generate over the whole document with the sparse engine, reusing the document's cached
-    KV: the part of the prompt before the question (system prompt + document) is the
-    per-document prefix, and only the rest is prefilled when the document was read before — by
-    this process or, through the disk tier, by another."""
+    KV: only the part after the per-document prefix is prefilled when the document was read
+    before — by this process or, through the disk tier, by another."""
     from ..engine.chat import ThinkingTracker
 
-    engine = loaded.engine
+    engine, settings = loaded.engine, prompt.settings
     tok = engine.tokenizer
-    prefix_ids, rest_ids, max_new = read_all_prompt(tok, doc, question, settings)
+    prefix_ids, rest_ids, max_new = prompt.ids(tok)
     thinking = ThinkingTracker(tok, prefix_ids + rest_ids)
     result, timings = engine.generate_on_document(
-        doc.content_sha256, prefix_ids, rest_ids, max_new,
+        prompt.doc.content_sha256, prefix_ids, rest_ids, max_new,
         temperature=settings.temperature,
         on_token=(lambda t, delta: None if thinking(t) else on_token(delta)) if on_token else None,
         on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None)

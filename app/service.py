@@ -26,8 +26,8 @@ from ..pipelines.answer.retrieval import retrieve
 from . import config
 from .config import AskSettings
 from .errors import DocqaError
-from .models import (EngineGenerate, LoadedEngine, Model, Progress, check_thinking, read_all_engine,
-                     read_all_prefetch, read_all_remote, remote_generate)
+from .models import (EngineGenerate, LoadedEngine, Model, Progress, ReadAllPrompt, check_thinking, read_all_engine,
+                     read_all_remote, remote_generate)
 from .remote import RemoteModel, is_remote
 from .runs import Run, save_run
 from .store import Store
@@ -125,12 +125,11 @@ def ask(
                       k=max(settings.passages, EVIDENCE_POOL))
     t1 = time.perf_counter()
     model = None
+    prompt = ReadAllPrompt(*docs.values(), question, settings) if settings.read_all and len(docs) == 1 else None
     if not settings.evidence_only:
         if on_progress:
             on_progress("loading model", 0, 0)
-        read_one = settings.read_all and len(docs) == 1
-        model = runtime.model(settings, on_token, on_progress,
-                              prefetch=read_all_prefetch(*docs.values(), question, settings) if read_one else None)
+        model = runtime.model(settings, on_token, on_progress, prefetch=prompt)
     t2 = time.perf_counter()
     if settings.read_all and model is not None:
         if len(docs) != 1:
@@ -139,7 +138,7 @@ def ask(
         if model.engine is None:
             raw, engine_timings = read_all_remote(model.server, doc, question, settings, on_token)
         else:
-            raw, engine_timings = read_all_engine(model.engine, doc, question, settings, on_token, on_progress)
+            raw, engine_timings = read_all_engine(model.engine, prompt, on_token, on_progress)
         answer = answer_read_all(question, raw, docs, ranked, passages[doc.doc_id], evidence_k=settings.evidence,
                                  support_check=settings.subject_check)
         answer.timings.update(engine_timings)

@@ -38,3 +38,29 @@ def test_read_all_prompt_splits_into_a_shared_prefix_and_the_question(tokenizer,
         text = tokenizer.decode(prefix, skip_special=False) + tokenizer.decode(rest, skip_special=False)
         assert text == whole
         assert q in tokenizer.decode(rest, skip_special=False)
+
+
+def test_read_all_prompt_is_tokenized_once_for_the_prefetch_and_the_answer(tokenizer, doc):
+    """`Engine.load(prefetch=prompt)` tokenizes the document while the weights load; the answer
+    step then reuses those ids (a 128K-token document is not tokenized twice per question)."""
+    from docqa.app.config import AskSettings
+    from docqa.app.models import ReadAllPrompt
+
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def encode(self, *a, **k):
+            calls.append(1)
+            return tokenizer.encode(*a, **k)
+
+    q = "Which law governs this agreement?"
+    prompt = ReadAllPrompt(doc, q, AskSettings())
+    key, prefix, capacity = prompt(Counting())
+    want_prefix, want_rest = split_prompt(tokenizer, read_all_messages(doc, _SLOT), _SLOT, q)
+    assert key == doc.content_sha256 and prefix == want_prefix
+    assert capacity > len(want_prefix) + len(want_rest)  # room for the answer too
+    n = len(calls)
+    assert prompt.ids(Counting())[:2] == (want_prefix, want_rest) and len(calls) == n
