@@ -141,8 +141,8 @@ class GlmCudaState(KVStateBase):
     state wrote it); `routed` (sparse settings) states route on them.
 
     Prefix-cache segments (`KVStateBase.export_segment` / `adopt`, engine/gpu/state.py): a
-    segment file holds the segment's latents as "k", its indexer keys as "v" ([1, size, 1] zeros
-    without DSA) and its blocks' descriptors, each as views of this state's rows."""
+    segment file holds the segment's latents as "k", its indexer keys as "v" (empty without DSA)
+    and its blocks' descriptors, each as views of this state's rows."""
 
     def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, device: torch.device,
                  *, dsa: bool):
@@ -168,9 +168,8 @@ class GlmCudaState(KVStateBase):
         nb = cap // self.settings.block_size if self.blocks else 0
         self.kmin, self.kmax, self.kmean = (torch.zeros(c.n_layers, nb, width, dtype=self.dtype, device=self.device)
                                             for _ in range(3))
-        # one row of zeros per position without DSA: a segment file's tensors all have layers
-        self.ik = torch.zeros(max(1, len(self.slots)), cap, c.dsa.head_dim if self.dsa else 1, dtype=self.dtype,
-                              device=self.device)
+        self.ik = torch.zeros(len(self.slots), cap, c.dsa.head_dim if self.dsa else 1, dtype=self.dtype,
+                              device=self.device)  # no rows without DSA
         self.rows = torch.arange(cap, dtype=torch.int32, device=self.device)
 
     @property

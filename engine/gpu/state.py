@@ -151,7 +151,7 @@ def _file_jobs(path, views: dict[str, torch.Tensor]):
         e = entries.get(name)
         if e is None or FILE_DTYPES.get(e["dtype"]) != t.dtype or tuple(e["shape"]) != tuple(t.shape):
             return None
-        per_layer = t[0].numel() * t.element_size()
+        per_layer = t[0].numel() * t.element_size() if t.shape[0] else 0  # a tensor may have no layers
         for layer in range(t.shape[0]):
             jobs.append((path, base + e["data_offsets"][0] + layer * per_layer, t[layer]))
     return jobs
