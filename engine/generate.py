@@ -87,7 +87,7 @@ def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
 
 
 KERNELS = ("auto", "torch", "triton")
-TRITON_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # what engine/gpu/model.py's decoder runs
+TRITON_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "glm4")  # what engine/gpu/model.py's decoder runs
 GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")  # engine/gpu/glm.py's decoder (bf16/fp32 weights)
 GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this many steps
 # The Triton decoder's reusable dense state holds at least this many tokens: an `ask` prompt
@@ -161,8 +161,8 @@ class Engine:
 
                 dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
                 return cls(GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)), _tokenizer_of(ckpt), ckpt, where)
-            # other GLMs and Gemma run their PyTorch models on the device (their kernels are not wired in yet)
-            use_triton = ckpt.config.arch in TRITON_ARCHS
+            # FP8 GLMs and Gemma run their PyTorch models on the device (their kernels are not wired in yet)
+            use_triton = ckpt.config.arch in TRITON_ARCHS and ckpt.config.fp8_block is None
         if use_triton:
             if not has_triton():
                 raise RuntimeError("the CUDA path needs triton: pip install 'docqa[gpu]'")

@@ -47,6 +47,31 @@ from ..rope import inv_frequencies
 DENSE_WINDOW = 1 << 30  # a window wider than any context: the sparse kernel attends densely
 
 
+def rope_halves_order(config: ModelConfig) -> list[int] | None:
+    """The order of a head's dims under which the checkpoint's RoPE is rotate_half over the whole
+    head, or None where it already is (the Llama family).
+
+    GLM turns only the first rotary_dim dims of a q/k head, as interleaved pairs (x0, x1),
+    (x2, x3).. (`glm4`) or as the halves of those dims (`glm4_moe`). Listing each pair's first
+    dim in the head's first half and its second dim at the same place in the second half (the
+    dims RoPE leaves alone paired among themselves, turned by angle 0: `CudaDecoder.inv_freq` is
+    padded with zeros) makes it the rotate_half every kernel here applies. q and k rows (and
+    their biases and q/k norms, which act per dim) are loaded in this order, so no dot product
+    changes, nothing is permuted at run time, and prefill, decode, the sparse routing
+    descriptors and the prefix-cache segments of this state all see the one layout (keys in it
+    are not HF's order: only this decoder reads them)."""
+    d, r = config.head_dim, config.rotary_dim or config.head_dim
+    if (d - r) % 2:
+        raise ValueError(f"head_dim {d} minus rotary_dim {r} must be even")
+    if config.rope_interleaved:
+        first, second = list(range(0, r, 2)), list(range(1, r, 2))
+    else:
+        first, second = list(range(r // 2)), list(range(r // 2, r))
+    rest = list(range(r, d))
+    order = first + rest[: len(rest) // 2] + second + rest[len(rest) // 2:]
+    return None if order == list(range(d)) else order
+
+
 class CudaWeights:
     """The checkpoint's tensors (HF names, already in the run dtype on the device), fused the way
     the kernels read them: q/k/v rows in one matrix, gate/up rows in one matrix. Each source
@@ -56,25 +81,43 @@ class CudaWeights:
         c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
+        for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
+            del t[name]  # GLM-4.5's MTP layers: the plain decoder does not run them
         take = t.pop
+        order = rope_halves_order(c)
+        hd = c.head_dim
+
+        def heads(x: torch.Tensor) -> torch.Tensor:  # a q/k projection's rows (or bias, or norm) in `order`
+            return x if order is None else x.view(-1, hd, *x.shape[1:])[:, order].reshape(x.shape)
+
         self.embed = take("embed_tokens.weight")
         self.wqkv, self.bqkv, self.q_norm, self.k_norm = [], [], [], []
         self.wo, self.w13, self.w2, self.ln1, self.ln2 = [], [], [], [], []
+        self.post_attn, self.post_mlp = [], []  # GLM-4's norms of each sublayer's output
+        self.moe: list = []  # per layer: GLM-4.5's MoE (engine/gpu/moe.py `MoeLayer`) or None (dense MLP)
         for i in range(c.n_layers):
             p = f"layers.{i}."
             a = p + "self_attn."
-            self.wqkv.append(torch.cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]))
+            self.wqkv.append(torch.cat([heads(take(a + "q_proj.weight")), heads(take(a + "k_proj.weight")),
+                                        take(a + "v_proj.weight")]))
             if c.qkv_bias:
-                self.bqkv.append(torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]))
+                self.bqkv.append(torch.cat([heads(take(a + "q_proj.bias")), heads(take(a + "k_proj.bias")),
+                                            take(a + "v_proj.bias")]))
             if c.qk_norm:
-                self.q_norm.append(take(a + "q_norm.weight"))
-                self.k_norm.append(take(a + "k_norm.weight"))
+                self.q_norm.append(heads(take(a + "q_norm.weight")))
+                self.k_norm.append(heads(take(a + "k_norm.weight")))
             self.wo.append(take(a + "o_proj.weight"))
             m = p + "mlp."
-            self.w13.append(torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
+            self.moe.append(None)
+            gate_up = take(m + "gate_up_proj.weight", None)  # GLM-4 stores gate and up as one matrix
+            self.w13.append(gate_up if gate_up is not None else
+                            torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
             self.w2.append(take(m + "down_proj.weight"))
             self.ln1.append(take(p + "input_layernorm.weight"))
             self.ln2.append(take(p + "post_attention_layernorm.weight"))
+            if c.post_norms:
+                self.post_attn.append(take(p + "post_self_attn_layernorm.weight"))
+                self.post_mlp.append(take(p + "post_mlp_layernorm.weight"))
         self.norm = take("norm.weight")
         head = t.pop("lm_head.weight", None)
         self.lm_head = self.embed if c.tie_embeddings or head is None else head
@@ -87,7 +130,7 @@ class CudaWeights:
     def nbytes(self) -> int:
         seen, total = set(), 0
         for x in [self.embed, self.norm, self.lm_head, *self.wqkv, *self.bqkv, *self.q_norm, *self.k_norm,
-                  *self.wo, *self.w13, *self.w2, *self.ln1, *self.ln2]:
+                  *self.wo, *self.w13, *self.w2, *self.ln1, *self.ln2, *self.post_attn, *self.post_mlp]:
             if x.data_ptr() not in seen:
                 seen.add(x.data_ptr())
                 total += x.numel() * x.element_size()
@@ -103,7 +146,11 @@ class CudaDecoder:
         # between the projection and RoPE (Qwen2's biases, Qwen3's per-head norms)
         self.fold_qkv = not c.qkv_bias and not c.qk_norm
         device = weights.embed.device
-        self.inv_freq = inv_frequencies(c).double().to(device)
+        inv_freq = inv_frequencies(c).double()
+        # partial RoPE (GLM): the dims past rotary_dim turn by angle 0 (see rope_halves_order)
+        inv_freq = torch.cat([inv_freq, inv_freq.new_zeros(c.head_dim // 2 - inv_freq.numel())])
+        self.inv_freq = inv_freq.to(device)
+        self.post_norms = c.post_norms  # GLM-4: RMSNorm on each sublayer's output before the residual add
         self.dtype = weights.embed.dtype
         self._decode_picks: list[torch.Tensor] = []  # a tiered decode step's routing picks (promotion)
         self._no_blocks: dict[int, torch.Tensor] = {}  # dense attention's empty selection per device
@@ -278,6 +325,8 @@ class CudaDecoder:
             fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, s.block_size,
                                   kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
             o = self._attend_prefill(i, q, kv, p0)
+        if self.post_norms or w.moe[i] is not None:
+            return self._glm_sublayers(i, x, o.reshape(t, self.q_size), decode)
         if decode:
             x = fused_gemv(o.reshape(t, self.q_size), w.wo[i], residual=x)
             a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
@@ -288,6 +337,28 @@ class CudaDecoder:
         gu = fused_rms_norm(x, w.ln2[i], c.rms_eps) @ w.w13[i].t()
         a = fused_swiglu(gu[:, : c.intermediate], gu[:, c.intermediate:])
         return x.addmm_(a, w.w2[i].t())
+
+    def _glm_sublayers(self, i: int, x: torch.Tensor, o: torch.Tensor, decode: bool) -> torch.Tensor:
+        """What follows attention on GLM: o projection, GLM-4's norm of each sublayer's output
+        before its residual add, and the dense SwiGLU MLP or GLM-4.5's MoE (engine/gpu/moe.py)."""
+        c, w = self.config, self.w
+        post = self.post_norms
+        if decode:
+            x = x + fused_rms_norm(fused_gemv(o, w.wo[i]), w.post_attn[i], c.rms_eps) if post else \
+                fused_gemv(o, w.wo[i], residual=x)
+        else:
+            x = x.add_(fused_rms_norm(o @ w.wo[i].t(), w.post_attn[i], c.rms_eps)) if post else \
+                x.addmm_(o, w.wo[i].t())
+        if w.moe[i] is not None:  # x + MoE(norm(x)): no GLM checkpoint has post-norms with experts
+            return w.moe[i](x, fused_rms_norm(x, w.ln2[i], c.rms_eps), decode)
+        if decode:
+            a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
+            return x + fused_rms_norm(fused_gemv(a, w.w2[i]), w.post_mlp[i], c.rms_eps) if post else \
+                fused_gemv(a, w.w2[i], residual=x)
+        gu = fused_rms_norm(x, w.ln2[i], c.rms_eps) @ w.w13[i].t()
+        n = gu.shape[1] // 2
+        a = fused_swiglu(gu[:, :n], gu[:, n:])
+        return x.add_(fused_rms_norm(a @ w.w2[i].t(), w.post_mlp[i], c.rms_eps)) if post else x.addmm_(a, w.w2[i].t())
 
     # --- whole passes --------------------------------------------------------------------------------
     def _logits(self, x: torch.Tensor) -> torch.Tensor:

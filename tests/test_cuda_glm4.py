@@ -1,0 +1,211 @@
+"""GLM-4 (`glm4`, dense) and GLM-4.5/4.6 (`glm4_moe`) on the engine's Triton decoder
+(engine/gpu/model.py `CudaDecoder`): the Llama family's states, routing and prefix cache with
+GLM's partial / interleaved RoPE, q/k biases and norms, sandwich norms and MoE — against HF
+transformers 5.24 on tiny random checkpoints (fp32) and the PyTorch sparse state.
+
+Without a GPU the same code runs on CPU tensors under TRITON_INTERPRET=1 (`kernels="triton"`);
+the costlier interpreter runs are -m slow on the CPU and run by default on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from docqa.kernels.gpu import has_cuda, has_triton, interpreting
+
+transformers = pytest.importorskip("transformers", reason="the reference extra is not installed")
+
+from test_glm import VOCAB, make_tiny_glm, tiny_config, write_glm_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.reference
+triton_runs = pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
+                                 reason="needs triton and either CUDA or TRITON_INTERPRET=1")
+DEV = "cuda" if has_cuda() else "cpu"
+TOL = 1e-3 if has_cuda() else 1e-4  # as tests/test_cuda_engine.py: Triton's fp32 dots run in TF32 on the GPU
+slow_on_cpu = (lambda test: test) if has_cuda() else pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _few_configs(few_gemv_configs, monkeypatch):
+    """On the GPU, correctness only: two configs per autotuned kernel, not every one compiled."""
+    if not has_triton() or interpreting():
+        return
+    from docqa.kernels.moe import triton_moe
+
+    for kernel in (triton_moe._moe_gate_up_kernel, triton_moe._moe_down_kernel):
+        monkeypatch.setattr(kernel, "configs", kernel.configs[:2])
+
+
+def tiny_glm(path, kind: str):
+    """HF's model and our Triton engine over the same random checkpoint. GLM-4.5 gets q/k/v
+    biases on top of its q/k norms (transformers' default has none) so both paths count."""
+    if kind == "glm4_moe":
+        torch.manual_seed(0)
+        ref = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, attention_bias=True), dtype=torch.float32)
+        with torch.no_grad():
+            for name, p in ref.named_parameters():
+                if "norm" in name or name.endswith("bias"):
+                    p.normal_(1.0 if "norm" in name and not name.endswith("bias") else 0.0, 0.2)
+            for name, b in ref.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.normal_(0.0, 0.3)
+        ref.eval()
+        ref.save_pretrained(path)
+    else:
+        ref = make_tiny_glm(path, kind)
+    write_glm_tokenizer(path)
+    from docqa.engine import Engine
+
+    engine = Engine.load(path, device=DEV, kernels="triton", dtype=torch.float32)
+    assert engine.triton and type(engine.model).__name__ == "CudaDecoder"
+    return ref, engine
+
+
+def ids_of(n: int, seed: int = 1) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def close(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    diff = (got.float().cpu() - want.float().cpu()).abs().max().item()
+    assert diff < TOL, (what, diff)
+
+
+# --- RoPE ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["glm4", "glm4_moe"])
+def test_reordered_head_dims_make_glm_rope_rotate_half(kind):
+    """The decoder loads q/k dims in `rope_halves_order` and turns them with rotate_half over the
+    whole head at angles padded with zeros: the result is the CPU path's partial (interleaved
+    for glm4) RoPE (engine/rope.py, checked against HF in tests/test_glm.py), reordered."""
+    from docqa.engine.config import ModelConfig
+    from docqa.engine.gpu.model import rope_halves_order
+    from docqa.engine.rope import Rope, inv_frequencies
+    from docqa.kernels.rope import naive_rope
+
+    config = ModelConfig.from_hf(tiny_config(kind).to_dict())
+    assert config.rotary_dim == config.head_dim // 2 and config.rope_interleaved == (kind == "glm4")
+    order = rope_halves_order(config)
+    assert sorted(order) == list(range(config.head_dim)) and order != list(range(config.head_dim))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, config.head_dim, generator=g, dtype=torch.float64).float()
+    pos = torch.tensor([0, 1, 7, 300, 4095])
+    want = Rope(config).apply(x, pos)[..., order]
+    inv = inv_frequencies(config).double()
+    inv = torch.cat([inv, inv.new_zeros(config.head_dim // 2 - inv.numel())])
+    ang = pos.double()[:, None] * inv
+    got = naive_rope(x[..., order].contiguous(), ang.cos().float(), ang.sin().float())
+    assert (got - want).abs().max() < 3e-4  # engine/rope.py's fp32 angles at position 4095; ours are fp64
+    # the dims RoPE leaves alone come through untouched
+    rest = [j for j, d in enumerate(order) if d >= config.rotary_dim]
+    assert torch.equal(got[..., rest], x[..., order][..., rest])
+
+
+# --- the decoder against HF transformers --------------------------------------------------------------
+
+@triton_runs
+@pytest.mark.parametrize("kind", ["glm4", "glm4_moe"])
+def test_triton_glm_matches_hf_dense_state(tmp_path, kind):
+    """Dense state (what `ask` uses): every prompt position's logits (two prefill calls: the
+    second after a stored prefix), then three decode steps against HF on the growing sequence
+    (the CUDA graph on a GPU, where greedy through the device loop must equal argmax choosing)."""
+    ref, engine = tiny_glm(tmp_path, kind)
+    ids = ids_of(24)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    state = engine.new_state(32)
+    got = torch.cat([engine.prefill(ids[:13], state, all_logits=True),
+                     engine.prefill(ids[13:-1], state, all_logits=True)])
+    close(got, want[:-1], "prefill")
+    seen = []
+
+    def choose(logits, out):  # the second-best token once: the device loop's greedy guess is wrong there
+        seen.append(logits.cpu().clone())
+        return int(logits.argsort(descending=True)[1 if len(out) == 1 else 0])
+
+    res = engine.generate(ids[-1:], 3, state=state, stop_ids=(), choose=choose)  # the last prompt token, then decode
+    with torch.no_grad():
+        full = ref(torch.tensor([ids + res.token_ids])).logits[0]
+    assert len(seen) == 3
+    for i, logits in enumerate(seen):
+        close(logits, full[len(ids) - 1 + i], f"step {i}")
+    if has_cuda():  # greedy through the device-side loop (the CUDA graph) gives the argmax chooser's tokens
+        argmax = engine.generate(ids, 3, stop_ids=(), choose=lambda logits, out: int(logits.argmax())).token_ids
+        assert engine.generate(ids, 3, stop_ids=()).token_ids == argmax
+
+
+def sparse(engine, **over):
+    s = dict(window=32, block_size=16, top_k=2, sink_tokens=4, chunk_size=64, route_chunk=32, route_tail=8,
+             segment_size=32, kv_dtype="float32", dense_below=0)
+    return engine.sparse_settings(**(s | over))
+
+
+@triton_runs
+@pytest.mark.parametrize("kind", ["glm4", "glm4_moe"])
+def test_triton_glm_sparse_state_with_everything_in_budget_matches_hf(tmp_path, kind):
+    """The routed sparse state (sinks + top-k blocks + window, what `--read-all` runs) over a
+    context its budget covers: routing runs (queries past the window pick blocks by the
+    descriptors of the reordered keys) and must pick every block, so logits are HF's exactly,
+    prefill in routing chunks and decode steps alike."""
+    ref, engine = tiny_glm(tmp_path, kind)
+    s = sparse(engine)
+    ids = ids_of(50, 2)
+    assert len(ids) + 4 <= s.budget and len(ids) > s.window + s.block_size
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    state = engine.new_state(64, s)
+    assert type(state).__name__ == "CudaKVState" and state.settings.attention == "sparse"
+    close(engine.prefill(ids, state, all_logits=True), want, "prefill")
+    seen = []
+    res = engine.generate(ids_of(2, 3), 3, state=state, stop_ids=(),
+                          choose=lambda logits, out: seen.append(logits.cpu().clone()) or int(logits.argmax()))
+    seq = ids + ids_of(2, 3) + res.token_ids
+    with torch.no_grad():
+        full = ref(torch.tensor([seq])).logits[0]
+    for i, logits in enumerate(seen):
+        close(logits, full[len(ids) + 1 + i], f"decode step {i}")
+
+
+@triton_runs
+@slow_on_cpu  # ~60 s under the interpreter
+def test_triton_glm4_past_the_budget_matches_the_pytorch_sparse_state(tmp_path):
+    """A context past the routing budget, so blocks are really chosen: the Triton decoder's
+    sparse state (reordered q/k dims) against the PyTorch sparse state of the CPU model (HF's
+    dim order) — the same blocks, so the same logits and greedy tokens."""
+    from docqa.engine import Engine
+
+    _, tri = tiny_glm(tmp_path, "glm4")
+    cpu = Engine.load(tmp_path, device="cpu", decode_weights="fp32")
+    s = sparse(tri, chunk_size=64)
+    ids = ids_of(112)
+    assert len(ids) > s.budget
+    cpu.prefill_chunk = s.chunk_size
+    a = tri.prefill(ids, s_tri := tri.new_state(128, s), all_logits=True)
+    b = cpu.prefill(ids, s_cpu := cpu.new_state(128, s), all_logits=True)
+    close(a, b, "prefill")
+    assert type(s_cpu).__name__ == "SparseKVState"
+    q = ids_of(3, 9)
+    assert tri.generate(q, 3, state=s_tri, stop_ids=()).token_ids == cpu.generate(q, 3, state=s_cpu, stop_ids=()).token_ids
+
+
+@triton_runs
+@slow_on_cpu  # ~60 s under the interpreter
+def test_prefix_cache_round_trip_on_glm4(tmp_path):
+    """A document's segments saved from one state and adopted from disk by another process's
+    cache: continuing from them answers exactly as a fresh full prefill does (the segments hold
+    the reordered, rotated keys this decoder reads)."""
+    from docqa.engine.prefix_cache import PrefixCache
+
+    _, eng = tiny_glm(tmp_path / "m", "glm4")
+    s = sparse(eng)
+    doc, q = ids_of(80, 3), ids_of(5, 4)
+    fresh = eng.generate(doc + q, 4, state=eng.new_state(128, s), stop_ids=()).token_ids
+    cache = PrefixCache.for_engine(eng, s, cache_dir=tmp_path / "kv")
+    state = eng.new_state(128, s)
+    eng.prefill(doc, state)
+    cache.save("doc", doc, state)
+    cache.flush()
+    other = PrefixCache.for_engine(eng, s, cache_dir=tmp_path / "kv")
+    state, cached = other.get_state("doc", doc, capacity=128)
+    assert cached == 64 and other.hits_disk == 2
+    eng.prefill(doc[cached:], state)
+    assert eng.generate(q, 4, state=state, stop_ids=()).token_ids == fresh
