@@ -87,7 +87,7 @@ def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
 
 
 KERNELS = ("auto", "torch", "triton")
-TRITON_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "glm4")  # what engine/gpu/model.py's decoder runs
+TRITON_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "glm4", "glm4_moe")  # what engine/gpu/model.py's decoder runs
 GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")  # engine/gpu/glm.py's decoder (bf16/fp32 weights)
 GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this many steps
 # The Triton decoder's reusable dense state holds at least this many tokens: an `ask` prompt

@@ -22,7 +22,11 @@ triton_runs = pytest.mark.skipif(not has_triton() or not (has_cuda() or interpre
                                  reason="needs triton and either CUDA or TRITON_INTERPRET=1")
 DEV = "cuda" if has_cuda() else "cpu"
 TOL = 1e-3 if has_cuda() else 1e-4  # as tests/test_cuda_engine.py: Triton's fp32 dots run in TF32 on the GPU
+# Default CPU run ~50 s under the interpreter (each decode GEMV is tens of programs at BLOCK_N=4):
+# glm4 on the dense state and glm4_moe on the sparse one; the rest is -m slow on the CPU and
+# runs by default on a GPU.
 slow_on_cpu = (lambda test: test) if has_cuda() else pytest.mark.slow
+SLOW_ON_CPU = [] if has_cuda() else [pytest.mark.slow]
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +107,7 @@ def test_reordered_head_dims_make_glm_rope_rotate_half(kind):
 # --- the decoder against HF transformers --------------------------------------------------------------
 
 @triton_runs
-@pytest.mark.parametrize("kind", ["glm4", "glm4_moe"])
+@pytest.mark.parametrize("kind", ["glm4", pytest.param("glm4_moe", marks=SLOW_ON_CPU)])  # glm4_moe: ~50 s on the CPU
 def test_triton_glm_matches_hf_dense_state(tmp_path, kind):
     """Dense state (what `ask` uses): every prompt position's logits (two prefill calls: the
     second after a stored prefix), then three decode steps against HF on the growing sequence
@@ -140,7 +144,7 @@ def sparse(engine, **over):
 
 
 @triton_runs
-@pytest.mark.parametrize("kind", ["glm4", "glm4_moe"])
+@pytest.mark.parametrize("kind", [pytest.param("glm4", marks=SLOW_ON_CPU), "glm4_moe"])  # ~20 s each on the CPU
 def test_triton_glm_sparse_state_with_everything_in_budget_matches_hf(tmp_path, kind):
     """The routed sparse state (sinks + top-k blocks + window, what `--read-all` runs) over a
     context its budget covers: routing runs (queries past the window pick blocks by the

@@ -37,7 +37,6 @@ Decode has no host synchronisation: `capture_decode` captures it as a CUDA graph
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 import torch.nn.functional as F
@@ -53,22 +52,19 @@ from ...kernels.mla_sparse import (
     fused_mla_routed_attention,
     store_latent_descriptors,
 )
-from ...kernels.moe import fused_moe_down, fused_moe_gate_up
-from ...kernels.moe.grouped import moe_prefill
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.sampling.triton_argmax import fused_argmax
 from ..config import ModelConfig
 from ..kv_cache import DTYPES
 from ..models.mla import LATENT_NORM_EPS
-from ..models.moe import route
 from ..rope import inv_frequencies
 from ..settings import EngineSettings
+from .moe import MoeLayer, pop_experts
 from .state import KVStateBase
 
 GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")
 INDEX_NORM_EPS = 1e-6  # the indexer's key LayerNorm (engine/models/mla.py)
 EXPAND_ROWS = 65536  # latents expanded to per-head keys/values per product in dense prefill
-_EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
 class GlmLayer:
@@ -107,30 +103,12 @@ class GlmLayer:
         del w
         self.wo, self.bo = take(a + "o_proj.weight"), take(a + "o_proj.bias", None)
         mp = p + "mlp."
-        self.moe = c.moe is not None and c.moe.layer_types[i] == "sparse"
-        if not self.moe:
-            self.w13 = torch.cat([take(mp + "gate_proj.weight"), take(mp + "up_proj.weight")])
-            self.w2 = take(mp + "down_proj.weight")
+        self.moe = None
+        if c.moe is not None and c.moe.layer_types[i] == "sparse":  # engine/gpu/moe.py
+            self.moe = MoeLayer(c, mp, take, experts.pop(i, None))
             return
-        e = c.moe
-        self.gate_w = take(mp + "gate.weight").float()
-        self.gate_b = take(mp + "gate.e_score_correction_bias").float()
-        w13, w2 = take(mp + "experts.gate_up_proj", None), take(mp + "experts.down_proj", None)
-        if w13 is None:  # one tensor per expert (older transformers): stack this layer's
-            per = experts.pop(i)
-            w13 = torch.stack([torch.cat([per[j]["gate"], per[j]["up"]]) for j in range(e.n_routed)])
-            w2 = torch.stack([per[j]["down"] for j in range(e.n_routed)])
-            del per
-        sg, su, sd = (take(mp + f"shared_experts.{n}_proj.weight") for n in ("gate", "up", "down"))
-        self.shared_id = None
-        if e.n_shared == 1:  # the shared expert is one more stacked expert, weight 1, at id n_routed
-            self.w13 = torch.cat([w13, torch.cat([sg, su])[None]])
-            del w13
-            self.w2 = torch.cat([w2, sd[None]])
-            del w2
-        else:  # a wider shared MLP runs on its own
-            self.w13, self.w2 = w13, w2
-            self.shared_w13, self.shared_w2 = torch.cat([sg, su]), sd
+        self.w13 = torch.cat([take(mp + "gate_proj.weight"), take(mp + "up_proj.weight")])
+        self.w2 = take(mp + "down_proj.weight")
 
 
 class GlmCudaState(KVStateBase):
@@ -215,10 +193,7 @@ class GlmCudaDecoder:
         self.config = c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
-        experts: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
-        for name in [n for n in t if _EXPERT.fullmatch(n)]:
-            g = _EXPERT.fullmatch(name)
-            experts.setdefault(int(g.group(1)), {}).setdefault(int(g.group(2)), {})[g.group(3)] = t.pop(name)
+        experts = pop_experts(t)
         for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
             del t[name]  # MTP layers: the plain decoder does not run them
 
@@ -240,8 +215,6 @@ class GlmCudaDecoder:
         self.scale = (self.nope + self.p) ** -0.5
         self.inv_freq = inv_frequencies(c).double().to(self.device)
         self.dtype = self.embed.dtype
-        self._one = torch.ones(1, dtype=torch.float32, device=self.device)
-        self._shared = torch.full((1,), c.moe.n_routed if c.moe else 0, dtype=torch.long, device=self.device)
 
     @property
     def device(self) -> torch.device:
@@ -249,7 +222,7 @@ class GlmCudaDecoder:
 
     def nbytes(self) -> int:
         seen, total = set(), 0
-        for obj in [self, *self.layers]:
+        for obj in [self, *self.layers, *(ly.moe for ly in self.layers if ly.moe is not None)]:
             for x in vars(obj).values():
                 for y in (x if isinstance(x, tuple) else (x,)):
                     if isinstance(y, torch.Tensor) and y.data_ptr() not in seen:
@@ -412,35 +385,14 @@ class GlmCudaDecoder:
     def _mlp(self, ly: GlmLayer, x: torch.Tensor, decode: bool) -> torch.Tensor:
         """x + MLP(norm(x)) (dense SwiGLU or the MoE)."""
         c = self.config
-        if not ly.moe:
+        if ly.moe is None:
             if decode:
                 act = fused_gemv(x, ly.w13, norm_weight=ly.ln2, eps=c.rms_eps, swiglu=True)
                 return fused_gemv(act, ly.w2, residual=x)
             gu = fused_rms_norm(x, ly.ln2, c.rms_eps) @ ly.w13.t()
             n = gu.shape[1] // 2
             return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.w2.t())
-        e = c.moe
-        h = fused_rms_norm(x, ly.ln2, c.rms_eps)
-        ids, wts = route(h, ly.gate_w, ly.gate_b, top_k=e.top_k, n_group=e.n_group, topk_group=e.topk_group,
-                         norm_topk_prob=e.norm_topk_prob, routed_scaling=e.routed_scaling)
-        stacked_shared = not hasattr(ly, "shared_w13")
-        if decode:
-            ids, wts = ids[0], wts[0]
-            if stacked_shared:
-                ids, wts = torch.cat((ids, self._shared)), torch.cat((wts, self._one))
-            x = fused_moe_down(fused_moe_gate_up(h, ly.w13, ids), ly.w2, ids, wts, residual=x)
-            if not stacked_shared:
-                x = fused_gemv(fused_gemv(h, ly.shared_w13, swiglu=True), ly.shared_w2, residual=x)
-            return x
-        if stacked_shared:  # the shared expert as one more column of every token, weight 1
-            t = ids.shape[0]
-            ids = torch.cat((ids, self._shared.expand(t, 1)), dim=1)
-            wts = torch.cat((wts, self._one.expand(t, 1)), dim=1)
-            return moe_prefill(h, ly.w13, ly.w2, ids, wts, x)
-        x = moe_prefill(h, ly.w13, ly.w2, ids, wts, x)
-        gu = h @ ly.shared_w13.t()
-        n = gu.shape[1] // 2
-        return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.shared_w2.t())
+        return ly.moe(x, fused_rms_norm(x, ly.ln2, c.rms_eps), decode)
 
     # --- prefill --------------------------------------------------------------------------------
     def _prefill_layer(self, i: int, x: torch.Tensor, kv: GlmCudaState, p0: int, rot, indices):

@@ -43,6 +43,7 @@ from ...kernels.sampling.triton_argmax import fused_argmax
 from ...kernels.swiglu.triton_swiglu import fused_swiglu
 from ..config import ModelConfig
 from ..rope import inv_frequencies
+from .moe import MoeLayer, pop_experts
 
 DENSE_WINDOW = 1 << 30  # a window wider than any context: the sparse kernel attends densely
 
@@ -84,6 +85,7 @@ class CudaWeights:
         for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
             del t[name]  # GLM-4.5's MTP layers: the plain decoder does not run them
         take = t.pop
+        experts = pop_experts(t)  # GLM-4.5 checkpoints written one tensor per expert
         order = rope_halves_order(c)
         hd = c.head_dim
 
@@ -108,11 +110,16 @@ class CudaWeights:
                 self.k_norm.append(heads(take(a + "k_norm.weight")))
             self.wo.append(take(a + "o_proj.weight"))
             m = p + "mlp."
-            self.moe.append(None)
-            gate_up = take(m + "gate_up_proj.weight", None)  # GLM-4 stores gate and up as one matrix
-            self.w13.append(gate_up if gate_up is not None else
-                            torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
-            self.w2.append(take(m + "down_proj.weight"))
+            if c.moe is not None and c.moe.layer_types[i] == "sparse":  # GLM-4.5's layers past first_k_dense_replace
+                self.moe.append(MoeLayer(c, m, take, experts.pop(i, None)))
+                self.w13.append(None)
+                self.w2.append(None)
+            else:
+                self.moe.append(None)
+                gate_up = take(m + "gate_up_proj.weight", None)  # GLM-4 stores gate and up as one matrix
+                self.w13.append(gate_up if gate_up is not None else
+                                torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
+                self.w2.append(take(m + "down_proj.weight"))
             self.ln1.append(take(p + "input_layernorm.weight"))
             self.ln2.append(take(p + "post_attention_layernorm.weight"))
             if c.post_norms:
@@ -130,8 +137,9 @@ class CudaWeights:
     def nbytes(self) -> int:
         seen, total = set(), 0
         for x in [self.embed, self.norm, self.lm_head, *self.wqkv, *self.bqkv, *self.q_norm, *self.k_norm,
-                  *self.wo, *self.w13, *self.w2, *self.ln1, *self.ln2, *self.post_attn, *self.post_mlp]:
-            if x.data_ptr() not in seen:
+                  *self.wo, *self.w13, *self.w2, *self.ln1, *self.ln2, *self.post_attn, *self.post_mlp,
+                  *(y for moe in self.moe if moe is not None for y in moe.tensors())]:
+            if x is not None and x.data_ptr() not in seen:
                 seen.add(x.data_ptr())
                 total += x.numel() * x.element_size()
         return total
