@@ -213,3 +213,28 @@ def test_prefix_cache_round_trip_on_glm4(tmp_path):
     assert cached == 64 and other.hits_disk == 2
     eng.prefill(doc[cached:], state)
     assert eng.generate(q, 4, state=state, stop_ids=()).token_ids == fresh
+
+
+@triton_runs
+@slow_on_cpu  # ~90 s under the interpreter
+def test_tiered_state_on_glm4_moe_gives_the_resident_states_results(tmp_path):
+    """A GPU budget of a few segments: the tiered state (ring + host pool) holds GLM-4.5's
+    reordered keys; prefill moves old segments to the host, decode reads routed blocks there —
+    and logits and greedy tokens equal the all-resident state's."""
+    from docqa.engine.gpu.state import new_cuda_state
+    from docqa.engine.gpu.tiering import TieredKVCache
+
+    _, eng = tiny_glm(tmp_path, "glm4_moe")
+    s = sparse(eng, top_k=3, segment_size=32)
+    n = 192
+    ids = ids_of(n, 2)
+    c = eng.config
+    per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4
+    plain = eng.new_state(n + 32, s)
+    tiered = new_cuda_state(c, s, n + 32, eng.device, gpu_kv_bytes=(32 + 128) * per_tok + 2 * n * per_tok // 16)
+    assert isinstance(tiered, TieredKVCache) and 2 * 32 <= tiered.ring < n
+    la, lb = eng.prefill(ids, plain), eng.prefill(ids, tiered)
+    assert tiered.evicted > tiered.pin and tiered.where(40) == "host"
+    close(la, lb, "prefill")
+    q = ids_of(3, 5)
+    assert eng.generate(q, 4, state=tiered, stop_ids=()).token_ids == eng.generate(q, 4, state=plain, stop_ids=()).token_ids

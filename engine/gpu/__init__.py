@@ -1,7 +1,8 @@
 """The engine on CUDA, over the Triton kernels of kernels/.
 
 - `model.CudaDecoder`: the decoder `Engine.load(..., device="cuda")` builds from any checkpoint
-  the engine loads (fused q/k/v and gate/up weights, decode GEMVs with norm/SwiGLU/residual
+  the engine loads but GLM's MLA models (`glm.GlmCudaDecoder`; their MoE layer, `moe.MoeLayer`,
+  is GLM-4.5's too) (fused q/k/v and gate/up weights, decode GEMVs with norm/SwiGLU/residual
   fused, RoPE + KV append in the qkv GEMV), and `GraphedDecode`, its CUDA-graphed decode step.
 - `state.CudaKVState` and `state.new_cuda_state`: the KV state (every position on the GPU)
   and the one factory `Engine.new_state` uses on CUDA.

@@ -1,4 +1,5 @@
-"""The engine's decoder on CUDA: every Llama-family checkpoint the engine loads, over the Triton kernels.
+"""The engine's decoder on CUDA: every Llama-family checkpoint the engine loads, and GLM-4 /
+GLM-4.5 (`glm4`, `glm4_moe`), over the Triton kernels (GLM's MLA models: engine/gpu/glm.py).
 
 `Engine.load(..., device="cuda")` builds a `CudaDecoder` from the checkpoint's own tensors
 (bf16 by default); `bench/gpu.py` benchmarks the same class on random-weight checkpoints
@@ -10,7 +11,9 @@ positions, the K/V store with block descriptors, attention, o projection, RMSNor
 SwiGLU + down. Decode (one token) runs every projection through the GEMV of kernels/linear with
 its norm / SwiGLU / residual fused, and RoPE and the KV append in the qkv GEMV's epilogue (Llama,
 Mistral) or in one launch after it with the biases and q/k norms (Qwen2, Qwen3:
-`fused_rope_append`); prefill runs cuBLAS GEMMs. Attention reads the state's settings:
+`fused_rope_append`); prefill runs cuBLAS GEMMs. GLM adds partial / interleaved RoPE (made
+rotate_half by the order q/k dims are loaded in: `rope_halves_order`), norms of each sublayer's
+output (GLM-4) and MoE layers (engine/gpu/moe.py). Attention reads the state's settings:
 
 - sparse: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse_attention.py);
   prefill routes once per `route_chunk` queries (the chunk's last `route_tail` on their own),
