@@ -45,6 +45,9 @@ class KVStateBase:
         self.decode_graph = None  # GraphedDecode bound to this state's buffers, made on first decode
         # keys are rotated at true positions: not interchangeable with the CPU state's unrotated ones
         self.layout = "rotated-true"
+        if config.mla is None and (config.rope_interleaved or config.rotary_dim not in (None, config.head_dim)):
+            # GLM-4 / 4.5: q/k dims in CudaDecoder's load order (model.py `rope_halves_order`), not HF's
+            self.layout += "-halves"
 
     def host(self, layer: int):
         return None
