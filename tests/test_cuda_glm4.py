@@ -40,12 +40,18 @@ def _few_configs(few_gemv_configs, monkeypatch):
         monkeypatch.setattr(kernel, "configs", kernel.configs[:2])
 
 
+# GLM-4.5 with q/k/v biases on top of its q/k norms (transformers' default has none), so the
+# decode epilogue launch does both; "glm4_moe-plain" has neither (GLM-4.5's defaults), so RoPE
+# and the KV append ride in the qkv GEMV's epilogue as Llama's do
+GLM4_MOE = {"glm4_moe": dict(attention_bias=True), "glm4_moe-plain": dict(attention_bias=False, use_qk_norm=False)}
+
+
 def tiny_glm(path, kind: str):
-    """HF's model and our Triton engine over the same random checkpoint. GLM-4.5 gets q/k/v
-    biases on top of its q/k norms (transformers' default has none) so both paths count."""
-    if kind == "glm4_moe":
+    """HF's model and our Triton engine over the same random checkpoint."""
+    if kind in GLM4_MOE:
         torch.manual_seed(0)
-        ref = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, attention_bias=True), dtype=torch.float32)
+        ref = transformers.AutoModelForCausalLM.from_config(tiny_config("glm4_moe", **GLM4_MOE[kind]),
+                                                            dtype=torch.float32)
         with torch.no_grad():
             for name, p in ref.named_parameters():
                 if "norm" in name or name.endswith("bias"):
@@ -62,6 +68,7 @@ def tiny_glm(path, kind: str):
 
     engine = Engine.load(path, device=DEV, kernels="triton", dtype=torch.float32)
     assert engine.triton and type(engine.model).__name__ == "CudaDecoder"
+    assert engine.model.fold_qkv == (kind == "glm4_moe-plain")
     return ref, engine
 
 
@@ -144,7 +151,8 @@ def sparse(engine, **over):
 
 
 @triton_runs
-@pytest.mark.parametrize("kind", [pytest.param("glm4", marks=SLOW_ON_CPU), "glm4_moe"])  # ~20 s each on the CPU
+@pytest.mark.parametrize("kind", [pytest.param("glm4", marks=SLOW_ON_CPU), "glm4_moe",  # ~25 s each on the CPU
+                                  pytest.param("glm4_moe-plain", marks=SLOW_ON_CPU)])
 def test_triton_glm_sparse_state_with_everything_in_budget_matches_hf(tmp_path, kind):
     """The routed sparse state (sinks + top-k blocks + window, what `--read-all` runs) over a
     context its budget covers: routing runs (queries past the window pick blocks by the
