@@ -23,8 +23,8 @@ if [ -n "${ONLY_TEST:-}" ]; then
   python3 -m pytest -q -p no:cacheprovider $ONLY_TEST 2>&1 | tee "$OUT/only_test.log" || rc=1
 fi
 if [ "${TESTS:-1}" != 0 ]; then
-  python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda_engine.py \
-    tests/test_kernel_{norm,rope,swiglu,linear,block_scores,topk,attention,kvstore,sampling}.py 2>&1 | tee "$OUT/tests.log" || rc=1
+  # every GPU test: the CUDA decoders (Llama family, GLM-4/4.5, GLM's MLA models) and each kernel
+  python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda_*.py tests/test_kernel_*.py 2>&1 | tee "$OUT/tests.log" || rc=1
 fi
 if [ $# -gt 0 ]; then
   python3 bench/gpu.py "$@" 2>&1 | tee "$OUT/gpu.log" || rc=1
