@@ -114,7 +114,9 @@ def _latent_scores_kernel(q_ptr, kmin_ptr, kmax_ptr, kmean_ptr, out_ptr, end_ptr
         rows = r0 + tl.arange(0, BLOCK_M)
         rmask = rows < r_hi
         s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for d0 in tl.static_range(0, W, BLOCK_D):
+        # a loop, not unrolled: unrolled, the pipeliner keeps every step's tiles of a query tile
+        # in shared memory at once (576 KB at W = 576, prefill; the H200 has 227 KB)
+        for d0 in range(0, W, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
             dm = d < W
             x = tl.load(q_ptr + rows[:, None].to(tl.int64) * sq + d[None, :], mask=rmask[:, None] & dm[None, :],
@@ -252,11 +254,13 @@ def _routed_prefill_kernel(q_ptr, kv_ptr, blk_ptr, o_ptr, n_q, q0, chunk, n_blk,
                                      BLOCK_P, IEEE)
     # the routing chunk's blocks: their keys outside each row's window and past the sinks
     for j in range(0, n_blk):
-        b = tl.load(blk_ptr + c * sb + j)
+        # int32 like the other loops' bounds: the compiler refuses a loop variable whose type
+        # changes between loops (the block ids are int64)
+        b = tl.load(blk_ptr + c * sb + j).to(tl.int32)
         start = tl.maximum(b, 0) * bsz
         stop = tl.where(b >= 0, start + bsz, start)
-        for k0 in range(start, stop, BLOCK_N):
-            keys = k0 + tl.arange(0, BLOCK_N)
+        for kb in range(start, stop, BLOCK_N):
+            keys = kb + tl.arange(0, BLOCK_N)
             live = keys < stop
             vis = live[None, :] & (keys[None, :] >= sinks) & (keys[None, :] <= pos[:, None] - win)
             m_i, l_i, acc = _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, R, P,
