@@ -192,7 +192,7 @@ def show(
     if secs is not None:
         for s in secs:
             head = f"{s.number} " if s.number else ""
-            where = f"p{s.page_start}:{s.line_start}-p{s.page_end}:{s.line_end}"
+            where = f"p{s.span.page}:{s.span.line_start}-p{s.span.page_end}:{s.span.line_end}"
             out.print(f"{'  ' * (s.level - 1)}{s.id:<6} {head}{s.title}  [{where}]")
     if ancs is not None:
         table = Table(box=None, header_style="bold")
@@ -200,7 +200,7 @@ def show(
             table.add_column(col)
         for a in ancs:
             table.add_row(a.type, a.subtype or "", Text(a.text), Text(a.value),
-                          f"{a.page}:{a.line}", a.section_id or "")
+                          f"{a.span.page}:{a.span.line_start}", a.section_id or "")
         out.print(table)
 
 

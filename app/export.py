@@ -92,10 +92,10 @@ def source_href(path: str, doc_type: str, c: Citation) -> str | None:
     if not p.is_absolute():
         return None
     uri = p.as_uri()
-    if c.element_id:
-        return f"{uri}#{link_target(c.element_id)}"
-    if doc_type == "pdf" and c.page:
-        return f"{uri}#page={c.page}"
+    if c.span.element_id:
+        return f"{uri}#{link_target(c.span.element_id)}"
+    if doc_type == "pdf" and c.span.page:
+        return f"{uri}#page={c.span.page}"
     return uri
 
 
@@ -104,12 +104,12 @@ def _view(store: Store, c: Citation, doc_cache: dict) -> CitationView:
         row = store.db.execute("SELECT path, type FROM documents WHERE doc_id = ?", [c.doc_id]).fetchone()
         doc_cache[c.doc_id] = row or ("", "")
     path, doc_type = doc_cache[c.doc_id]
-    lines = f"line {c.line_start}" if c.line_start == c.line_end else f"lines {c.line_start}-{c.line_end}"
-    label = f"§ {c.element_id}, {lines}" if c.element_id else f"p. {c.page}, {lines}"
+    lines = f"line {c.span.line_start}" if c.span.line_start == c.span.line_end else f"lines {c.span.line_start}-{c.span.line_end}"
+    label = f"§ {c.span.element_id}, {lines}" if c.span.element_id else f"p. {c.span.page}, {lines}"
     return CitationView(doc_id=c.doc_id, label=label, marker=c.label(),
                         href=source_href(path, doc_type, c) if path else None, quote=c.quote,
-                        verified=c.verified, page=c.page, section_id=c.element_id,
-                        line_start=c.line_start, line_end=c.line_end, supports=c.supports)
+                        verified=c.verified, page=c.span.page, section_id=c.span.element_id,
+                        line_start=c.span.line_start, line_end=c.span.line_end, supports=c.supports)
 
 
 def _row(store: Store, run: Run | None, doc_cache: dict, *, item=None) -> Row:

@@ -158,7 +158,7 @@ def run_item(task: dict) -> dict:
 
 def _side_spans(run: Run) -> list[tuple[int, int]]:
     cites = [c for c in run.citations if c.verified] + run.evidence
-    return [(c.char_start, c.char_end) for c in cites if c.char_start is not None and c.char_end is not None]
+    return [(c.span.char_start, c.span.char_end) for c in cites if c.span.char_start is not None and c.span.char_end is not None]
 
 
 def _compare_runs(store: Store, task: dict, item: ChecklistItem) -> dict[str, Run]:
@@ -311,7 +311,7 @@ def _remote_results(store: Store, executor: Executor, tasks: list[dict]):
 def _model_judgement(runtime: Runtime, item, doc_id, docs, passages, runs, settings) -> dict:
     """Ask the model whether the two clauses conflict, over the passages both items cite."""
     spans = [s for r in runs.values() for s in _side_spans(r)]
-    chosen = [p for p in passages if any(p.char_start < hi and p.char_end > lo for lo, hi in spans)]
+    chosen = [p for p in passages if any(p.span.char_start < hi and p.span.char_end > lo for lo, hi in spans)]
     model = runtime.model(settings)
     question = (f"{item.question} Compare the clauses on '{item.compare[0]}' and '{item.compare[1]}'. "
                 "If they conflict, start with CONFLICT and quote both clauses with their citations; "

@@ -94,9 +94,9 @@ def save_run(
         rows = []
         for role, cites in (("answer", run.citations), ("evidence", run.evidence), ("draft", run.draft_citations)):
             for i, c in enumerate(cites):
-                rows.append((run.id, i, role, c.doc_id, c.page, c.element_id, c.line_start,
-                             c.line_end, c.quote, c.segment_id, int(c.verified), int(c.relocated),
-                             c.char_start, c.char_end, c.note, None if c.supports is None else int(c.supports)))
+                rows.append((run.id, i, role, c.doc_id, c.span.page, c.span.element_id, c.span.line_start,
+                             c.span.line_end, c.quote, c.segment_id, int(c.verified), int(c.relocated),
+                             c.span.char_start, c.span.char_end, c.note, None if c.supports is None else int(c.supports)))
         db.conn.executemany(
             "INSERT INTO citations (run_id, ord, role, doc_id, page, section_id, line_start,"
             " line_end, quote, segment_id, verified, relocated, char_start, char_end, note, supports)"

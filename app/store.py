@@ -5,6 +5,9 @@ of their contents (passages, titles, index text). Library first (the CLI calls o
 per command). Opened in WAL mode with a busy
 timeout so several processes can share one file; every write runs in one IMMEDIATE
 transaction, so a document is stored completely or not at all.
+
+Sections, anchors, segments and passages keep the columns they always had: a row is the
+structure's flat form (`pipelines.document.Spanned`), which builds its `span` on reading.
 """
 
 from __future__ import annotations
@@ -55,16 +58,9 @@ class Hit:
     doc_id: str
     unit: str  # "segments", "pages" or "passages"
     index: int  # segment or passage index (0-based), or page number (1-based)
-    page_start: int
-    line_start: int
-    page_end: int
-    line_end: int
+    span: Span  # pages and lines (a page hit: all its lines)
     bm25: float
     text: str
-
-    @property
-    def span(self) -> Span:
-        return Span(page=self.page_start, page_end=self.page_end, line_start=self.line_start, line_end=self.line_end)
 
 
 def _now() -> str:
@@ -163,8 +159,8 @@ class Store:
             " char_end, page_start, line_start, page_end, line_end, element_id)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (did, i, s.id, s.number, s.title, s.level, s.parent_id, s.char_start, s.char_end,
-                 s.page_start, s.line_start, s.page_end, s.line_end, s.element_id)
+                (did, i, s.id, s.number, s.title, s.level, s.parent_id, s.span.char_start, s.span.char_end,
+                 s.span.page, s.span.line_start, s.span.page_end, s.span.line_end, s.span.element_id)
                 for i, s in enumerate(doc.sections)
             ],
         )
@@ -173,8 +169,8 @@ class Store:
             " page, line, section_id, target_section_id)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (did, i, a.type, a.subtype, a.text, a.value, a.char_start, a.char_end, a.page,
-                 a.line, a.section_id, a.target_section_id)
+                (did, i, a.type, a.subtype, a.text, a.value, a.span.char_start, a.span.char_end, a.span.page,
+                 a.span.line_start, a.section_id, a.target_section_id)
                 for i, a in enumerate(doc.anchors)
             ],
         )
@@ -182,16 +178,16 @@ class Store:
             cur = db.execute(
                 "INSERT INTO segments (doc_id, idx, char_start, char_end, page_start, line_start,"
                 " page_end, line_end, token_count, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [did, s.index, s.char_start, s.char_end, s.page_start, s.line_start, s.page_end,
-                 s.line_end, s.token_count, s.text],
+                [did, s.index, s.span.char_start, s.span.char_end, s.span.page, s.span.line_start,
+                 s.span.page_end, s.span.line_end, s.token_count, s.text],
             )
             rowids["segments"].append(cur.lastrowid)
         for p, titles in zip(record.passages, record.titles):
             cur = db.execute(
                 "INSERT INTO passages (doc_id, idx, page, label, line_start, line_end, char_start,"
                 " char_end, section_id, text, titles) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [did, p.index, p.page, p.element_id, p.line_start, p.line_end, p.char_start,
-                 p.char_end, p.section_id, p.text, titles],
+                [did, p.index, p.span.page, p.span.element_id, p.span.line_start, p.span.line_end,
+                 p.span.char_start, p.span.char_end, p.section_id, p.text, titles],
             )
             rowids["passages"].append(cur.lastrowid)
         for (unit, tok), rows in record.search_text.items():
@@ -440,7 +436,7 @@ class Store:
         )
         params.append(limit)
         return [
-            Hit(doc_id=r[0], unit=unit, index=r[1], page_start=r[2], line_start=r[3],
-                page_end=r[4], line_end=r[5], bm25=r[6], text=r[7])
+            Hit(doc_id=r[0], unit=unit, index=r[1],
+                span=Span(page=r[2], line_start=r[3], page_end=r[4], line_end=r[5]), bm25=r[6], text=r[7])
             for r in self.db.execute(sql, params)
         ]

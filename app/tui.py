@@ -186,12 +186,12 @@ class AnswerScreen(Screen):
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         _, c = self.cites[int(event.option.id[1:])]
-        page = c.page if c.page is not None else self._page_of_section(c)
-        self.app.push_screen(PageScreen(self.store, c.doc_id, page, (c.line_start, c.line_end)))
+        page = c.span.page if c.span.page is not None else self._page_of_section(c)
+        self.app.push_screen(PageScreen(self.store, c.doc_id, page, (c.span.line_start, c.span.line_end)))
 
     def _page_of_section(self, c: Citation) -> int:
         row = self.store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
-                                    [c.doc_id, c.element_id]).fetchone()
+                                    [c.doc_id, c.span.element_id]).fetchone()
         return row[0] if row else 1
 
 
@@ -235,12 +235,12 @@ class SummaryScreen(Screen):
         c = self.rows[int(event.option.id[1:])]
         if c is None:
             return
-        page = c.page
+        page = c.span.page
         if page is None:
             row = self.store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
-                                        [c.doc_id, c.element_id]).fetchone()
+                                        [c.doc_id, c.span.element_id]).fetchone()
             page = row[0] if row else 1
-        self.app.push_screen(PageScreen(self.store, c.doc_id, page, (c.line_start, c.line_end)))
+        self.app.push_screen(PageScreen(self.store, c.doc_id, page, (c.span.line_start, c.span.line_end)))
 
 
 class PageScreen(Screen):

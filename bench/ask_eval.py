@@ -50,11 +50,11 @@ CORPUS = ROOT.parent / "shared" / "corpus"
 
 def recheck(doc, c) -> bool:
     """Independent of the verifier: is the quote on the lines the citation names?"""
-    page = next(p for p in doc.pages if (p.label == c.element_id if c.element_id else p.n == c.page))
+    page = next(p for p in doc.pages if (p.label == c.span.element_id if c.span.element_id else p.n == c.span.page))
     # Lines joined by line breaks, as on the page: a word hyphenated at a line end ("non-" /
     # "exclusive") is one word to the normalisation, which it cannot see across a space.
-    text = "\n".join(ln.text for ln in page.lines[c.line_start - 1 : c.line_end])
-    if c.line_end == len(page.lines) and page.n < len(doc.pages):  # a quote may run onto the next page
+    text = "\n".join(ln.text for ln in page.lines[c.span.line_start - 1 : c.span.line_end])
+    if c.span.line_end == len(page.lines) and page.n < len(doc.pages):  # a quote may run onto the next page
         text += "\n" + "\n".join(ln.text for ln in doc.pages[page.n].lines[:3])
     return normalize(c.quote) in normalize(text)
 
@@ -154,7 +154,7 @@ def _close(a: float, b: float) -> bool:
 def correct(row: dict, answer) -> bool:
     """A shown answer is right when it cites a gold page — and, for a numeric question, states a
     figure of the gold answer (within 0.5 %, so "$411 million" matches 411)."""
-    pages = {c.page for c in answer.citations if c.verified}
+    pages = {c.span.page for c in answer.citations if c.verified}
     if row.get("numeric"):
         shown = _figure_values(re.sub(r"\[[^\]]*\]", " ", answer.answer or ""))
         return any(_close(a, b) for a in shown for b in _figure_values(row["gold_answer"]))
@@ -246,7 +246,7 @@ def financebench(args) -> int:
         rows.append(dict(corpus="financebench", doc=g["doc_file"], question=g["question"], raw_answer=run.raw_answer or "",
                          answerable=not g.get("unanswerable"), numeric=need_of(g["question"]).numeric, gold_pages=g["evidence_pages_1based"],
                          gold_answer=g["answer"], status=run.status, wall=time.perf_counter() - t,
-                         evidence_hit=bool(set(g["evidence_pages_1based"]) & {c.page for c in run.evidence}),
+                         evidence_hit=bool(set(g["evidence_pages_1based"]) & {c.span.page for c in run.evidence}),
                          model=run.model))
         print(f"[{i}/{len(gold)}] {run.status:<12} {rows[-1]['wall']:5.1f}s {g['question'][:70]}", file=sys.stderr, flush=True)
         out.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # a kill keeps what is done
@@ -300,10 +300,10 @@ def ask_row(runtime: Runtime, ids: dict[str, str], g: dict, settings: AskSetting
         model=run.model, category=g["category"], answerable=g["has_answer"], status=run.status, why=why,
         margin=run.timings.get("quote_margin"), doc=g["doc_file"],
         shown=len(shown), rechecked=sum(recheck(doc, c) for c in shown),
-        gold_hit=bool(gold_pages & {c.page for c in shown}),
+        gold_hit=bool(gold_pages & {c.span.page for c in shown}),
         # What the subject check cost: did a withheld answer quote a gold page?
         withheld_gold_hit=why == "subject check" and bool(gold_pages & {int(n) for n in re.findall(r"\[PAGE:(\d+)", raw)}),
-        evidence_hit=bool(gold_pages & {c.page for c in run.evidence}),
+        evidence_hit=bool(gold_pages & {c.span.page for c in run.evidence}),
         wall=wall, prompt_tokens=run.timings.get("prompt_tokens"), answer=(run.answer or "")[:160],
         # The model's whole answer, withheld quotes included, so that another abstention
         # rule can be scored on these rows without running the model again.

@@ -70,12 +70,12 @@ def evaluate(store: Store, spans: list[dict], ids: dict[str, str], *, tokenizer:
                              match=expr) if expr else []
         pages = set()
         for h in found:
-            pages.update(range(h.page_start, h.page_end + 1))
+            pages.update(range(h.span.page, h.span.page_end + 1))
         if pages & s["pages"]:
             hits += 1
         else:
             misses.append({"category": s["category"], "doc": s["doc_file"],
-                           "gold": sorted(s["pages"]), "got": [h.page_start for h in found],
+                           "gold": sorted(s["pages"]), "got": [h.span.page for h in found],
                            "text": s["text"][:90]})
     return {"share": hits / len(spans) if spans else 0.0, "hits": hits, "n": len(spans),
             "misses": misses}

@@ -182,7 +182,7 @@ def by_page(row: dict, combine) -> list:
     alone; these rows ask whether a page with several matching passages should rise."""
     per: dict[int, list] = {}
     for key, score in fuse(row["sig"], LEXICAL):
-        per.setdefault(row["by_key"][key].page, []).append((score, key))
+        per.setdefault(row["by_key"][key].span.page, []).append((score, key))
     order = sorted(per, key=lambda pg: -combine([sc for sc, _ in per[pg]]))
     return [per[pg][0][1] for pg in order]
 
@@ -287,7 +287,7 @@ def pages_of(order, by_key, k=5):
     pages = []
     for item in order:
         key = item[0] if isinstance(item[0], tuple) else item
-        pg = by_key[key].page
+        pg = by_key[key].span.page
         if pg not in pages:
             pages.append(pg)
             if len(pages) == k:

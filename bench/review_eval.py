@@ -65,7 +65,7 @@ def main() -> None:
             if item is None or not g["has_answer"] or not pages:
                 continue
             run = runs[(by_path[(CORPUS / g["doc_file"]).resolve()], item)]
-            cited = list(dict.fromkeys(c.page for c in run.evidence))
+            cited = list(dict.fromkeys(c.span.page for c in run.evidence))
             r = rows[cat]
             r[0] += bool(cited[:1] and cited[0] in pages)
             r[1] += bool(set(cited[:5]) & pages)

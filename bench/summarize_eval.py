@@ -91,15 +91,15 @@ def recheck(store, c) -> bool:
     """The citation against `show --page`'s lines: its quote within the cited lines."""
     from docqa.pipelines.textnorm import normalize
 
-    if c.page is not None:
-        page = c.page
+    if c.span.page is not None:
+        page = c.span.page
     else:
-        row = store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?", [c.doc_id, c.element_id]).fetchone()
+        row = store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?", [c.doc_id, c.span.element_id]).fetchone()
         if row is None:
             return False
         page = row[0]
     _, p = store.get_page(c.doc_id, page)
-    text = "\n".join(ln.text for ln in p.lines[c.line_start - 1 : c.line_end])
+    text = "\n".join(ln.text for ln in p.lines[c.span.line_start - 1 : c.span.line_end])
     return bool(c.quote.strip()) and normalize(c.quote) in normalize(text)
 
 
@@ -109,7 +109,7 @@ def chance(cats: dict[str, set[int]], n_pages: int, cited: int) -> float:
 
 
 def coverage(cats: dict[str, set[int]], cites) -> tuple[int, list[str]]:
-    pages = {c.page for c in cites}
+    pages = {c.span.page for c in cites}
     hit = [k for k, gp in cats.items() if gp & pages]
     return len(hit), sorted(set(cats) - set(hit))
 
@@ -290,7 +290,7 @@ def main() -> int:
         st = summ.stats
         tot.update(cats=len(cats), cov=cov, bcov=bcov)
         n_pages = len(docs[did].pages)
-        sp, bp = len({c.page for c in cites}), len({c.page for c in base.citations()})
+        sp, bp = len({c.span.page for c in cites}), len({c.span.page for c in base.citations()})
         tot.update(chance=chance(cats, n_pages, sp), bchance=chance(cats, n_pages, bp))
         lines.append(f"| {Path(rel).stem[9:40]} | {n_pages} | {len(cats)} | {cov} ({cov / len(cats):.0%}) | "
                      f"{len(summ.sentences())} | {sp} | {chance(cats, n_pages, sp):.1f} | {bcov} ({bcov / len(cats):.0%}) | "

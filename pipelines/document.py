@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, model_serializer, model_validator
 
 DocType = Literal["pdf", "html", "markdown", "text"]
 LineRole = Literal["body", "header", "footer"]
@@ -76,7 +76,7 @@ class Location(Strict):
 
 class Span(Strict):
     """Where something lies in its document: the one provenance that sections, chunks,
-    passages, anchors, citations and search hits all give (their `.span`), and the one
+    passages, anchors, citations and search hits all hold (their `span`), and the one
     place a `[PAGE:…, LINE:…]` label is written.
 
     `page` is the 1-based page (PDF, text) or unit (HTML) where it starts and `page_end`
@@ -106,86 +106,110 @@ class Span(Strict):
         return f"[{doc}{where}, LINE:{lines}]"
 
 
-class Section(Strict):
+class Spanned(Strict):
+    """A structure that holds its provenance as one `span`.
+
+    Its *flat form* puts the span's fields beside its own, under the names in `_FLAT`
+    (flat name -> Span field; "line" of an anchor is both ends), in the key order of
+    `_ORDER`: the shape these structures had before they held a Span, so stored rows, the
+    runs table's JSON, `--json` output and old stored runs read and write as they always
+    did. Built from either form; `model_dump`/`model_dump_json` write the flat one.
+    """
+
+    span: Span
+    _FLAT: ClassVar[dict[str, str]]
+    _ORDER: ClassVar[tuple[str, ...]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "span" in data:
+            return data
+        data, span = dict(data), {}
+        for name, field in cls._FLAT.items():
+            if name in data:
+                value = data.pop(name)
+                if field == "line":
+                    span["line_start"] = span["line_end"] = value
+                else:
+                    span[field] = value
+        return data | {"span": span}
+
+    @model_serializer(mode="wrap")
+    def _to_flat(self, handler, info: SerializationInfo) -> dict[str, Any]:
+        out = handler(self)
+        span = out.pop("span", None)
+        if span is not None:
+            for name, field in self._FLAT.items():
+                out[name] = span["line_start" if field == "line" else field]
+        # model_dump(include=/exclude=) name flat keys, as they did before the span.
+        return {k: out[k] for k in self._ORDER if k in out and (not info.include or k in info.include)
+                and not (info.exclude and k in info.exclude)}
+
+
+class Section(Spanned):
+    """A heading and the text under it to the next heading of its level or above: its span
+    runs from the heading's line (`page`) to the section's last line (`page_end`);
+    `span.element_id` is the HTML element id its citations name."""
+
     id: str  # stable within the document: "s1", "s2", ... in reading order
     number: str | None  # "5.2.1", "ARTICLE 7", "Exhibit B", "第一百四十三条"
     title: str
     level: int  # 1 = top
     parent_id: str | None = None
-    char_start: int
-    char_end: int
-    page_start: int
-    line_start: int
-    page_end: int
-    line_end: int
-    element_id: str | None = None  # HTML citation target
 
-    @property
-    def span(self) -> Span:
-        return Span(page=self.page_start, page_end=self.page_end, element_id=self.element_id,
-                    line_start=self.line_start, line_end=self.line_end,
-                    char_start=self.char_start, char_end=self.char_end)
+    _FLAT = {"char_start": "char_start", "char_end": "char_end", "page_start": "page", "line_start": "line_start",
+             "page_end": "page_end", "line_end": "line_end", "element_id": "element_id"}
+    _ORDER = ("id", "number", "title", "level", "parent_id", "char_start", "char_end", "page_start",
+              "line_start", "page_end", "line_end", "element_id")
 
 
-class Anchor(Strict):
+class Anchor(Spanned):
+    """A typed mention (entity, definition, clause reference, ...); its span is the one line
+    where it starts (`line_start == line_end`) and its chars."""
+
     type: AnchorType
     text: str  # as it appears in the document
     value: str  # normalised (ISO date, amount in a canonical form, resolved section id, ...)
     subtype: str | None = None  # e.g. ORG, MONEY, DATE, PERCENT, DURATION for ENTITY
-    char_start: int
-    char_end: int
-    page: int
-    line: int
     section_id: str | None = None  # the section the anchor lies in
     target_section_id: str | None = None  # CLAUSE: the section it points at, when found
 
-    @property
-    def span(self) -> Span:
-        return Span(page=self.page, line_start=self.line, line_end=self.line,
-                    char_start=self.char_start, char_end=self.char_end)
+    _FLAT = {"char_start": "char_start", "char_end": "char_end", "page": "page", "line": "line"}
+    _ORDER = ("type", "text", "value", "subtype", "char_start", "char_end", "page", "line", "section_id",
+              "target_section_id")
 
 
-class Chunk(Strict):
+class Chunk(Spanned):
     """About `segment_tokens` tokens of consecutive lines (`ingest.chunks`): the unit the
     map-reduce and summary steps read, stored in the `segments` table and counted as
     "segments" by the CLI. Not the engine's `Segment`, a block of KV cache."""
 
     index: int
-    char_start: int
-    char_end: int
-    page_start: int
-    line_start: int
-    page_end: int
-    line_end: int
     token_count: int
     text: str
 
-    @property
-    def span(self) -> Span:
-        return Span(page=self.page_start, page_end=self.page_end, line_start=self.line_start,
-                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
+    _FLAT = {"char_start": "char_start", "char_end": "char_end", "page_start": "page", "line_start": "line_start",
+             "page_end": "page_end", "line_end": "line_end"}
+    _ORDER = ("index", "char_start", "char_end", "page_start", "line_start", "page_end", "line_end",
+              "token_count", "text")
 
 
-class Passage(Strict):
+class Passage(Spanned):
     """The retrieval and citation unit: a few consecutive lines of one page (made by
-    `pipelines.ingest.passages`)."""
+    `pipelines.ingest.passages`); `span.element_id` is, for HTML, the element id its
+    citations name (the page's label)."""
 
     doc_id: str
     index: int
-    page: int
-    element_id: str | None  # HTML: the element id its citations name (the page's label)
-    line_start: int
-    line_end: int
-    char_start: int
-    char_end: int
     text: str
-    section_id: str | None = None
+    section_id: str | None = None  # the "s1" id of the section it lies in
     score: float = 0.0  # filled in by retrieval
 
-    @property
-    def span(self) -> Span:
-        return Span(page=self.page, element_id=self.element_id, line_start=self.line_start,
-                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
+    _FLAT = {"page": "page", "element_id": "element_id", "line_start": "line_start", "line_end": "line_end",
+             "char_start": "char_start", "char_end": "char_end"}
+    _ORDER = ("doc_id", "index", "page", "element_id", "line_start", "line_end", "char_start", "char_end",
+              "text", "section_id", "score")
 
     def cite_label(self, *, with_doc: bool = False) -> str:
         return self.span.label(self.doc_id if with_doc else None, line_range=True)

@@ -97,7 +97,7 @@ def test_definition_encoding():
                    "Other text.")
     d = [a for a in tag_anchors(doc) if a.type == "DEFINITION"]
     assert len(d) == 1 and d[0].text == "Licensed Product" and d[0].value == "licensed product"
-    assert doc.text[d[0].char_start:d[0].char_end] == (
+    assert doc.text[d[0].span.char_start:d[0].span.char_end] == (
         "“Licensed Product” means any product covered by a Valid Claim.")
     ts, te = definition_term_span(d[0])
     assert doc.text[ts:te] == "Licensed Product"
@@ -130,11 +130,11 @@ def test_every_anchor_is_located(docs):
     for doc in docs.values():
         ids = {s.id for s in doc.sections}
         for a in doc.anchors:
-            loc = doc.locate(a.char_start)
-            assert (a.page, a.line) == (loc.page, loc.line)
+            loc = doc.locate(a.span.char_start)
+            assert (a.span.page, a.span.line_start) == (loc.page, loc.line)
             assert a.section_id is None or a.section_id in ids
             if a.type != "DEFINITION" and a.type != "PAPER":
-                assert doc.text[a.char_start:a.char_end] == a.text
+                assert doc.text[a.span.char_start:a.span.char_end] == a.text
 
 
 def test_array_parties_date_and_definitions(docs):
@@ -142,18 +142,18 @@ def test_array_parties_date_and_definitions(docs):
     # ... by and between Array BioPharma Inc., ... (“Array”) and Ono Pharmaceutical Co., Ltd.,
     # ... (“Ono”)." CUAD's gold parties for this contract are exactly these names.
     doc = docs["array"]
-    orgs = {(a.text, a.value) for a in doc.anchors if a.subtype == "ORG" and a.page == 1}
+    orgs = {(a.text, a.value) for a in doc.anchors if a.subtype == "ORG" and a.span.page == 1}
     assert ("Array BioPharma Inc.", "Array BioPharma Inc.") in orgs
     assert ("Ono Pharmaceutical Co., Ltd.", "Ono Pharmaceutical Co., Ltd.") in orgs
     assert ("Array", "Array BioPharma Inc.") in orgs
     assert ("Ono", "Ono Pharmaceutical Co., Ltd.") in orgs
-    dates = [(a.text, a.value, a.page) for a in doc.anchors if a.subtype == "DATE"]
+    dates = [(a.text, a.value, a.span.page) for a in doc.anchors if a.subtype == "DATE"]
     assert ("May 31, 2017", "2017-05-31", 1) in dates
     terms = {a.text: a for a in doc.anchors if a.type == "DEFINITION"}
     assert {"Agreement", "Effective Date", "Affiliate", "Annual Net Sales"} <= set(terms)
     eff = terms["Effective Date"]
-    assert doc.text[eff.char_start:].startswith("THIS LICENSE, DEVELOPMENT AND COMMERCIALIZATION")
-    assert doc.text[:eff.char_end].endswith("(“Ono”).")
+    assert doc.text[eff.span.char_start:].startswith("THIS LICENSE, DEVELOPMENT AND COMMERCIALIZATION")
+    assert doc.text[:eff.span.char_end].endswith("(“Ono”).")
 
 
 def test_a_gold_defined_term_of_each_contract(docs):
@@ -169,7 +169,7 @@ def test_a_gold_defined_term_of_each_contract(docs):
         assert any(term in s for s in spans), (term, spans)
         defs = [a for a in docs[name].anchors if a.type == "DEFINITION" and a.text == term]
         assert defs, f"{term} not defined in {name}"
-        assert defs[0].page in {1, 3}  # the preamble: IBM/Array page 1, Goosehead page 3
+        assert defs[0].span.page in {1, 3}  # the preamble: IBM/Array page 1, Goosehead page 3
     ibm_alias = [a for a in docs["ibm"].anchors if a.subtype == "ORG" and a.text == "IBM"]
     assert ibm_alias and ibm_alias[0].value == "International Business Machines Corporation"
 
@@ -178,10 +178,10 @@ def test_durations_and_money_in_the_contracts(docs):
     # Goosehead page 5 (gold "Expiration Date"): "... will expire ten (10) years from the
     # Effective Date"; page 4: "... a fee of $500"; IBM page 4 (gold "Renewal Term"):
     # "... renewed for periods of twelve (12) months unless either Party gives six (6) months".
-    g = [(a.text, a.value, a.page) for a in docs["goosehead"].anchors if a.type == "ENTITY"]
+    g = [(a.text, a.value, a.span.page) for a in docs["goosehead"].anchors if a.type == "ENTITY"]
     assert ("ten (10) years", "P10Y", 5) in g
     assert ("$500", "USD 500", 4) in g
-    i = [(a.text, a.value, a.page) for a in docs["ibm"].anchors if a.subtype == "DURATION"]
+    i = [(a.text, a.value, a.span.page) for a in docs["ibm"].anchors if a.subtype == "DURATION"]
     assert ("twelve (12) months", "P12M", 4) in i and ("six (6) months", "P6M", 4) in i
     assert ("three (3) years", "P3Y", 4) in i
 
@@ -191,9 +191,9 @@ def test_clause_references_resolve(docs):
     # the heading "2.4 Future Third Party Partners." is on page 21.
     doc = docs["array"]
     secs = {s.id: s for s in doc.sections}
-    ref = [a for a in doc.anchors if a.type == "CLAUSE" and a.text == "Section 2.4" and a.page == 2]
+    ref = [a for a in doc.anchors if a.type == "CLAUSE" and a.text == "Section 2.4" and a.span.page == 2]
     assert ref and secs[ref[0].target_section_id].title == "Future Third Party Partners"
-    assert secs[ref[0].target_section_id].page_start == 21
+    assert secs[ref[0].target_section_id].span.page == 21
     # IBM page 4: "... unless terminated as provided in Section 5.0." -> SECTION 5.0 TERMINATION
     ibm = docs["ibm"]
     ref = [a for a in ibm.anchors if a.type == "CLAUSE" and a.value == "Section 5.0"]
@@ -204,10 +204,10 @@ def test_clause_references_resolve(docs):
     civil = docs["civil"]
     secs = {s.id: s for s in civil.sections}
     ref = [a for a in civil.anchors if a.type == "CLAUSE" and a.text == "本法第二百四十三条"
-           and a.page == 65]
+           and a.span.page == 65]
     assert ref and ref[0].value == "第243条"
     target = secs[ref[0].target_section_id]
-    assert target.number == "第二百四十三条" and target.page_start == 48
+    assert target.number == "第二百四十三条" and target.span.page == 48
     # every resolved reference points at a section with the referenced number ("Article 7"
     # may be numbered "7" in a document, and "Section 13" may be "ARTICLE XIII")
     n = 0
@@ -228,14 +228,14 @@ def as_num(key: tuple) -> tuple:
 
 def test_external_references_do_not_resolve(docs):
     # Array page 4: "Section 13(d) and 14(d) of the United States Securities Exchange Act"
-    ext = [a for a in docs["array"].anchors if a.type == "CLAUSE" and a.page == 4
+    ext = [a for a in docs["array"].anchors if a.type == "CLAUSE" and a.span.page == 4
            and a.value.startswith(("Section 13", "Section 14"))]
     assert ext and all(a.subtype == "external" and a.target_section_id is None for a in ext)
 
 
 def test_civil_code_date(docs):
     # Page 1: "（2020年5月28日第十三届全国人民代表大会第三次会议通过）"
-    d = [(a.text, a.value, a.page) for a in docs["civil"].anchors if a.subtype == "DATE"]
+    d = [(a.text, a.value, a.span.page) for a in docs["civil"].anchors if a.subtype == "DATE"]
     assert ("2020年5月28日", "2020-05-28", 1) in d
 
 

@@ -34,15 +34,15 @@ def test_parse_markers_and_quotes():
         "Confidential information must be returned [page: 2; lines: 5]."
     )
     spans = parse_citations(answer)
-    assert [(s.page, s.line_start, s.line_end) for s in spans] == [(2, 2, 3), (2, 5, 5)]
+    assert [(s.span.page, s.span.line_start, s.span.line_end) for s in spans] == [(2, 2, 3), (2, 5, 5)]
     assert spans[0].quote == "upon ninety (90) days' prior written notice"
     assert spans[1].quote == "Confidential information must be returned"
 
 
 def test_html_and_multi_doc_markers():
     spans = parse_citations('"x y z" [DOC:abc123, SECTION:section-15.5.5, LINE:3-4]')
-    assert spans[0].doc_id == "abc123" and spans[0].element_id == "section-15.5.5"
-    assert spans[0].page is None and (spans[0].line_start, spans[0].line_end) == (3, 4)
+    assert spans[0].doc_id == "abc123" and spans[0].span.element_id == "section-15.5.5"
+    assert spans[0].span.page is None and (spans[0].span.line_start, spans[0].span.line_end) == (3, 4)
 
 
 def test_verifies_across_hyphenation_ligatures_quotes_case():
@@ -55,14 +55,14 @@ def test_verifies_across_hyphenation_ligatures_quotes_case():
     )
     assert [x.verified for x in c] == [True, True]
     assert not any(x.relocated for x in c)
-    a, b = c[0].char_start, c[0].char_end
+    a, b = c[0].span.char_start, c[0].span.char_end
     assert CONTRACT.text[a:b].startswith("Either party") and CONTRACT.text[a:b].endswith("notice")
 
 
 def test_wrong_lines_are_relocated_not_trusted():
     docs = {CONTRACT.doc_id: CONTRACT}
     (c,) = verify_answer('"return all Confidential Information" [PAGE:1, LINE:1]', docs, CONTRACT.doc_id)
-    assert c.verified and c.relocated and (c.page, c.line_start, c.line_end) == (2, 5, 5)
+    assert c.verified and c.relocated and (c.span.page, c.span.line_start, c.span.line_end) == (2, 5, 5)
 
 
 def test_fabricated_quote_never_verifies():
@@ -72,7 +72,7 @@ def test_fabricated_quote_never_verifies():
     (short,) = verify_answer('"90 days" [PAGE:2, LINE:2]', docs, CONTRACT.doc_id)
     assert not short.verified  # too short to prove anything
     (nopage,) = verify_answer('"return all confidential information" [PAGE:99, LINE:1]', docs, CONTRACT.doc_id)
-    assert nopage.relocated and nopage.page == 2  # the quote is real; the page was not
+    assert nopage.relocated and nopage.span.page == 2  # the quote is real; the page was not
     (unknown,) = verify_answer('"return all confidential information" [DOC:ffff99, PAGE:2, LINE:5]', docs)
     assert not unknown.verified and unknown.note == "unknown document"
 
@@ -88,14 +88,14 @@ def test_html_section_citation():
         {html.doc_id: html},
         html.doc_id,
     )
-    assert c.verified and c.page is None and c.element_id == "section-15.5.5"
+    assert c.verified and c.span.page is None and c.span.element_id == "section-15.5.5"
     assert c.label() == "[SECTION:section-15.5.5, LINE:1-2]"
 
 
 def test_cite_lines_quotes_exact_text():
     c = cite_lines(CONTRACT, 2, 4, 5)
     assert c.verified and c.quote.startswith("8.4 Effect of Termination")
-    assert CONTRACT.text[c.char_start : c.char_end] == c.quote
+    assert CONTRACT.text[c.span.char_start : c.span.char_end] == c.quote
     # and such a citation verifies when fed back through the parser
     (again,) = verify_answer(f'"{c.quote}" {c.label()}', {CONTRACT.doc_id: CONTRACT}, CONTRACT.doc_id)
     assert again.verified and not again.relocated
@@ -104,12 +104,12 @@ def test_cite_lines_quotes_exact_text():
 def test_quote_across_a_page_break_relocates_to_its_start():
     doc = _doc([["alpha beta gamma delta epsilon"], ["zeta eta theta iota kappa"]])
     hit = verify(parse_citations('"delta epsilon zeta eta" [PAGE:1, LINE:1]')[0], {doc.doc_id: doc}, doc.doc_id)
-    assert hit.verified and hit.relocated and hit.page == 1
+    assert hit.verified and hit.relocated and hit.span.page == 1
 
 
 def test_a_broad_citation_is_narrowed_to_the_quoted_lines():
     (c,) = verify_answer('"return all Confidential Information" [PAGE:2, LINE:1-5]', {CONTRACT.doc_id: CONTRACT}, CONTRACT.doc_id)
-    assert c.verified and not c.relocated and (c.page, c.line_start, c.line_end) == (2, 5, 5)
+    assert c.verified and not c.relocated and (c.span.page, c.span.line_start, c.span.line_end) == (2, 5, 5)
 
 
 def test_one_label_for_every_span():
@@ -126,13 +126,20 @@ def test_one_label_for_every_span():
     assert p.cite_label() == "[PAGE:2, LINE:9-9]" and p.span.char_end == 1
     # Each label parses back to the span it came from.
     (back,) = parse_citations(f'"q" {c.label(with_doc=True)}')
-    assert (back.doc_id, back.element_id, back.line_start, back.line_end) == ("abc123", "sec-2", 5, 5)
+    assert (back.doc_id, back.span.element_id, back.span.line_start, back.span.line_end) == ("abc123", "sec-2", 5, 5)
 
 
 def test_a_citation_keeps_its_stored_and_json_field_names():
-    """`element_id` is what the field holds; the runs table and `--json` still say section_id."""
+    """A citation holds one Span; the runs table and `--json` still see the flat shape of the
+    first release (the span's element id as section_id), key for key and in that order."""
     c = Citation(doc_id="d", page=None, section_id="intro", line_start=1, line_end=2, quote="q")
-    assert c.element_id == "intro" and c.span.element_id == "intro"
-    dumped = c.model_dump()
-    assert dumped["section_id"] == "intro" and "element_id" not in dumped
-    assert Citation.model_validate_json(c.model_dump_json()) == c
+    assert c.span == Span(element_id="intro", line_start=1, line_end=2)
+    assert Citation(doc_id="d", page=None, element_id="intro", line_start=1, line_end=2, quote="q") == c
+    # A run stored before the span, as the runs table's JSON holds it (written by hand).
+    old = ('{"doc_id":"d","page":null,"section_id":"intro","line_start":1,"line_end":2,"quote":"q",'
+           '"segment_id":null,"verified":false,"relocated":false,"char_start":null,"char_end":null,'
+           '"note":null,"supports":null}')
+    assert Citation.model_validate_json(old) == c and c.model_dump_json() == old
+    assert list(c.model_dump(exclude={"char_start", "char_end"})) == [
+        "doc_id", "page", "section_id", "line_start", "line_end", "quote", "segment_id", "verified", "relocated",
+        "note", "supports"]

@@ -91,6 +91,11 @@ def test_show_sections_anchors_and_summary(ingested):
     shown = json.loads(res.stdout)
     assert len(shown["sections"]) == rows[CONTRACT.name]["sections"]
     assert len(shown["anchors"]) == rows[CONTRACT.name]["anchors"]
+    # The flat shape of the first release, key for key (sections and anchors hold a Span inside).
+    assert list(shown["sections"][0]) == ["id", "number", "title", "level", "parent_id", "char_start", "char_end",
+                                          "page_start", "line_start", "page_end", "line_end", "element_id"]
+    assert list(shown["anchors"][0]) == ["type", "text", "value", "subtype", "char_start", "char_end", "page", "line",
+                                         "section_id", "target_section_id"]
     text = run(["show", str(CONTRACT), "--db", str(db)])
     assert text.exit_code == 0 and doc_id in text.stdout and str(CONTRACT) in text.stdout
     human = run(["show", doc_id, "--sections", "--db", str(db)])

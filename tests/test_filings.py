@@ -51,7 +51,7 @@ def cut(path: Path, pages: list[int], tmp: Path) -> Document:
 
 
 def items(doc: Document) -> dict[str, tuple[int, int]]:
-    return {s.number: (s.page_start, s.page_end) for s in doc.sections if s.number and s.number.startswith("Item ")}
+    return {s.number: (s.span.page, s.span.page_end) for s in doc.sections if s.number and s.number.startswith("Item ")}
 
 
 # --- sections ----------------------------------------------------------------------------
@@ -68,10 +68,10 @@ def test_bestbuy_items_start_where_their_body_starts(tmp_path):
                    "Item 7": (23, 24)}
     by_number = {s.number: s for s in doc.sections}
     assert by_number["Item 1A"].title == "Risk Factors"  # no "8" kept from the contents
-    parts = {s.number: (s.page_start, s.page_end) for s in doc.sections if s.level == 1}
+    parts = {s.number: (s.span.page, s.span.page_end) for s in doc.sections if s.level == 1}
     assert parts == {"PART I": (4, 21), "PART II": (21, 24)}
     assert by_number["Item 7"].parent_id == by_number["PART II"].id
-    assert not [s for s in doc.sections if s.page_start <= 3]
+    assert not [s for s in doc.sections if s.span.page <= 3]
 
 
 def test_items_on_a_contents_page_alone_are_not_sections(tmp_path):
@@ -136,10 +136,10 @@ def test_filing_items_and_their_pages(name):
     # An Item ends where the next begins: no Item spans the filing from its contents page.
     ordered = [s for s in doc.sections if s.number in EXPECTED_ITEMS[name]]
     for a, b in zip(ordered, ordered[1:]):
-        assert a.page_end in (b.page_start, b.page_start - 1), (a.number, a.page_end, b.number, b.page_start)
+        assert a.span.page_end in (b.span.page, b.span.page - 1), (a.number, a.span.page_end, b.number, b.span.page)
     parts = [s for s in doc.sections if s.number and s.number.startswith("PART ")]
     assert [s.number for s in parts][:2] == ["PART I", "PART II"]
-    assert parts[0].page_start == min(EXPECTED_ITEMS[name].values())
+    assert parts[0].span.page == min(EXPECTED_ITEMS[name].values())
 
 
 # --- tables ------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def test_split_thinking_by_token_ids(tmp_path):
     # No think tokens: all answer.
     assert split_thinking(answer, tok) == ("", "Delaware law [PAGE:3, LINE:4].")
     _, text = split_thinking([think, *thought, close, *answer], tok)
-    assert [(c.page, c.line_start) for c in parse_citations(text)] == [(3, 4)]
+    assert [(c.span.page, c.span.line_start) for c in parse_citations(text)] == [(3, 4)]
 
 
 def test_engine_keeps_thinking_out_of_the_answer(tmp_path):

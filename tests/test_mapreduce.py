@@ -61,7 +61,7 @@ def test_map_reduce_keeps_only_verified_quotes_grouped_by_section(store):
     for q in REAL:
         (c,) = [c for c in run.citations if normalize(q) in normalize(c.quote)]
         # the cited lines really hold the quote
-        assert normalize(q) in normalize(doc.lines_text(c.page, c.line_start, c.line_end))
+        assert normalize(q) in normalize(doc.lines_text(c.span.page, c.span.line_start, c.span.line_end))
     assert "3.2 Termination for Convenience:" in run.answer or "Termination for Convenience" in run.answer
     assert run.timings["rejected_citations"] >= len(doc.segments)  # every fabrication was refused
 

@@ -96,8 +96,8 @@ def test_disagreeing_documents_are_flagged_with_both_sides_cited(library):
         for (doc_id, page, l1, l2), value in zip(labels, (va, vb)):
             doc = docs["master"] if doc_id == a.doc_id else docs["conflicting"]
             assert normalize(value) in normalize(doc.lines_text(int(page), int(l1), int(l2 or l1)))
-            (cite,) = [c for c in run.citations if c.doc_id == doc_id and c.page == int(page)
-                       and c.line_start == int(l1) and normalize(value) in normalize(c.quote)][:1]
+            (cite,) = [c for c in run.citations if c.doc_id == doc_id and c.span.page == int(page)
+                       and c.span.line_start == int(l1) and normalize(value) in normalize(c.quote)][:1]
             assert cite.verified
     # Clauses that say the same thing in both are not flagged.
     assert not [ln for ln in flags if "Notices" in ln or "until all services" in ln]

@@ -87,9 +87,9 @@ def test_question_cites_the_ocr_page(sample_scan, tmp_path):
         run = ask(Runtime(store), [doc.doc_id], "Can the customer terminate for convenience?",
                   AskSettings(evidence_only=True))
         top = run.evidence[0]
-        assert top.page == 2
+        assert top.span.page == 2
         page = doc.pages[1]
-        cited = "\n".join(ln.text for ln in page.lines if top.line_start <= ln.n <= top.line_end)
+        cited = "\n".join(ln.text for ln in page.lines if top.span.line_start <= ln.n <= top.span.line_end)
         assert "Customer may terminate this Agreement for convenience upon" in cited
     r = CliRunner().invoke(app, ["show", doc.doc_id, "--page", "2", "--db", str(db), "--json"])
     assert r.exit_code == 0, r.output

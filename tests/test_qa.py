@@ -31,9 +31,9 @@ def scripted(reply):
 
 
 def test_passages_cover_body_lines_and_cite_their_own_text():
-    assert [(p.page, p.line_start, p.line_end) for p in PASSAGES] == [(1, 1, 4), (2, 1, 3), (3, 1, 2)]
+    assert [(p.span.page, p.span.line_start, p.span.line_end) for p in PASSAGES] == [(1, 1, 4), (2, 1, 3), (3, 1, 2)]
     for p in PASSAGES:
-        assert DOC.text[p.char_start : p.char_end] == p.text
+        assert DOC.text[p.span.char_start : p.span.char_end] == p.text
 
 
 def test_verified_answer_and_prompt_contents():
@@ -60,7 +60,7 @@ def test_uncited_verbatim_sentence_gets_a_mechanical_citation():
     ans = answer_question("Can it be terminated for convenience?", DOCS, PASSAGES, gen)
     assert ans.status == "answered"
     (c,) = [c for c in ans.citations if c.verified]
-    assert (c.page, c.line_start, c.line_end) == (2, 2, 3)
+    assert (c.span.page, c.span.line_start, c.span.line_end) == (2, 2, 3)
 
 
 def test_free_text_that_copies_a_clause_cites_the_copied_words():
@@ -71,7 +71,7 @@ def test_free_text_that_copies_a_clause_cites_the_copied_words():
     ans = answer_question("Can it be terminated for convenience?", DOCS, PASSAGES, gen)
     assert ans.status == "answered"
     (c,) = [c for c in ans.citations if c.verified]
-    assert (c.page, c.line_start) == (2, 2) and normalize("terminate this Agreement for convenience") in normalize(c.quote)
+    assert (c.span.page, c.span.line_start) == (2, 2) and normalize("terminate this Agreement for convenience") in normalize(c.quote)
     loose = answer_question("Can it be terminated for convenience?", DOCS, PASSAGES,
                             scripted("The parties may end the agreement for convenience, it seems to me."))
     assert not any(c.verified for c in loose.citations) and loose.status == "unsupported"
@@ -93,15 +93,15 @@ def test_evidence_keeps_the_best_passages_and_covers_k_pages():
     """Evidence is checked page by page: the k best passages stay (a page's second passage can
     be the clause asked about), and further pages follow in ranking order until k pages show."""
     p2, p3, p1 = PASSAGES[1], PASSAGES[2], PASSAGES[0]
-    p2b = p2.model_copy(update={"index": 7, "line_start": 2, "line_end": 2,
-                                "char_start": DOC.page(2).lines[1].start, "char_end": DOC.page(2).lines[1].end})
+    p2b = p2.model_copy(update={"index": 7, "span": p2.span.model_copy(update={
+        "line_start": 2, "line_end": 2, "char_start": DOC.page(2).lines[1].start, "char_end": DOC.page(2).lines[1].end})})
     p3b = p3.model_copy(update={"index": 8})
     ranked = [p2, p2b, p3, p3b, p1]
     ev = answer_question("How can it be terminated?", DOCS, ranked, None, evidence_k=3).evidence
-    assert [(c.page, c.line_start) for c in ev] == [(2, 1), (2, 2), (3, 1), (1, 1)]
+    assert [(c.span.page, c.span.line_start) for c in ev] == [(2, 1), (2, 2), (3, 1), (1, 1)]
     assert all(c.verified for c in ev)
     ev = answer_question("How can it be terminated?", DOCS, ranked, None, evidence_k=2).evidence
-    assert [(c.page, c.line_start) for c in ev] == [(2, 1), (2, 2), (3, 1)]
+    assert [(c.span.page, c.span.line_start) for c in ev] == [(2, 1), (2, 2), (3, 1)]
 
 
 NON_COMPETE = ('Highlight the parts (if any) of this contract related to "Non-Compete" that should be '
@@ -126,7 +126,7 @@ def test_a_verified_quote_that_misses_the_subject_is_not_an_answer():
 def test_a_quote_on_the_subject_is_kept():
     reply = '"Either party may terminate this Agreement for convenience" [PAGE:2, LINE:1-2]'
     ans = answer_question(TERMINATION, DOCS, PASSAGES, scripted(reply), support_check=True)
-    assert ans.status == "answered" and [c.page for c in ans.citations if c.verified] == [2]
+    assert ans.status == "answered" and [c.span.page for c in ans.citations if c.verified] == [2]
     # Drafting words count for the subject: "without cause" clauses rarely say "convenience".
     assert on_subject("may end this Agreement without cause", subject_words(TERMINATION))
     assert not on_subject("may end this Agreement at the end of the term", subject_words(NON_COMPETE))

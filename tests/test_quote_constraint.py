@@ -87,7 +87,7 @@ def test_random_scores_only_ever_write_verifiable_quotes_under_allowed_labels(to
     by_label = dict(zip(plan.labels, plan.sources))
     for span, (quote, label) in zip(spans, decoder.cited):
         assert label in plan.labels
-        assert f"[PAGE:{span.page}, LINE:{span.line_start}-{span.line_end}]" == label
+        assert f"[PAGE:{span.span.page}, LINE:{span.span.line_start}-{span.span.line_end}]" == label
         assert span.quote == quote
         # A substring of the cited passage, case included; and the verifier agrees on its own.
         assert norm_cased(quote) in norm_cased(by_label[label])
@@ -191,7 +191,7 @@ def test_quote_mode_answers_are_still_verified_independently():
     ans = answer_question("How can it be terminated?", DOCS, PASSAGES, honest, quote=True)
     assert ans.status == "answered"
     (c,) = [c for c in ans.citations if c.verified]
-    assert normalize(c.quote) in normalize(DOC.lines_text(2, c.line_start, c.line_end))
+    assert normalize(c.quote) in normalize(DOC.lines_text(2, c.span.line_start, c.span.line_end))
 
     ans = answer_question("Is there a non-compete?", DOCS, PASSAGES, lambda m, p: ABSTAIN, quote=True)
     assert ans.status == "not_found"

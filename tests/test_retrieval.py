@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from docqa.bench import retrieval_eval
 from docqa.pipelines.answer.memory_fts import MemoryFts, MemoryPageFts
-from docqa.pipelines.document import Anchor, Passage, RawLine, RawPage, Section, assemble
+from docqa.pipelines.document import Anchor, Passage, RawLine, RawPage, Section, Span, assemble
 from docqa.pipelines.ingest.passages import make_passages, passage_titles
 from docqa.pipelines.ingest.record import make_record
 from docqa.pipelines.answer.query import (
@@ -132,14 +132,14 @@ def contract():
                           char_start=line.start, char_end=line.end, page=1, line=4, section_id="s1")]
     ps = make_passages(doc)
     # Each clause heading starts its own passage, so every signal has distinct candidates.
-    assert [(p.page, p.line_start) for p in ps] == [(1, 1), (1, 3), (2, 1), (2, 4), (3, 1), (3, 4)]
+    assert [(p.span.page, p.span.line_start) for p in ps] == [(1, 1), (1, 3), (2, 1), (2, 4), (3, 1), (3, 4)]
     return {"msa": doc}, {"msa": ps}
 
 
 def test_clause_mention_puts_that_section_first(contract):
     docs, ps = contract
     top = retrieve("What does Section 8.3 say?", docs, ps, k=3)
-    assert top[0].page == 2 and "Late Payment" in top[0].text
+    assert top[0].span.page == 2 and "Late Payment" in top[0].text
 
 
 def test_defined_term_finds_its_definition(contract):
@@ -171,7 +171,7 @@ def test_scores_descend_and_pages_are_distinct(contract):
     docs, ps = contract
     top = retrieve("interest on late payment", docs, ps, k=5)
     assert [p.score for p in top] == sorted((p.score for p in top), reverse=True)
-    assert top_pages(top, 3) == list(dict.fromkeys((p.doc_id, p.page) for p in top))[:3]
+    assert top_pages(top, 3) == list(dict.fromkeys((p.doc_id, p.span.page) for p in top))[:3]
 
 
 def test_injected_fts_is_used(contract):
@@ -202,8 +202,8 @@ def test_page_bm25_sees_a_page_whole(contract):
 
     sig = signals("invoice interest", docs, ps, page_fts=page_fts)
     assert calls
-    assert [ps["msa"][i].page for _, i in sig["bm25_pages"]] == [2]
-    assert sig["bm25_pages"][0] == next(k for k in sig["bm25_terms"] if ps["msa"][k[1]].page == 2)
+    assert [ps["msa"][i].span.page for _, i in sig["bm25_pages"]] == [2]
+    assert sig["bm25_pages"][0] == next(k for k in sig["bm25_terms"] if ps["msa"][k[1]].span.page == 2)
 
 
 def test_definitions_are_recognised(contract):
@@ -325,7 +325,9 @@ def test_rerank_reorders_only_the_lexical_head():
 def test_split_check_chooses_on_the_other_contracts():
     """Leave-one-contract-out: the variant is picked on two documents and scored on the
     third, so one that wins only on the held-out document is never credited there."""
-    page = type("P", (), {"__init__": lambda self, n: setattr(self, "page", n)})
+    def page(n):  # a passage on page n, as far as the split check reads it
+        return Passage(doc_id="x", index=0, text="", span=Span(page=n, line_start=1, line_end=1))
+
     rows = [{"doc_id": d, "pages": {1}, "g": {"doc_file": f"pdf/{d}.pdf"},
              "by_key": {(d, 0): page(1), (d, 1): page(2)}} for d in ("a", "b", "c") for _ in range(2)]
     grid = {

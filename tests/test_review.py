@@ -135,9 +135,9 @@ def test_evidence_cites_the_known_clause(sample_job, item_id):
     hits = [c for c in shown if normalize(phrase) in normalize(c.quote)]
     assert hits, f"{item_id}: {[c.label() for c in shown]}"
     c = hits[0]
-    assert c.page == page and c.verified
+    assert c.span.page == page and c.verified
     # The cited lines are the source's lines, as written.
-    assert normalize(phrase) in normalize(" ".join(source_lines(page)[c.line_start - 1 : c.line_end]))
+    assert normalize(phrase) in normalize(" ".join(source_lines(page)[c.span.line_start - 1 : c.span.line_end]))
 
 
 def test_rerun_skips_everything(sample_job):
@@ -230,7 +230,7 @@ def test_rules_find_the_planted_conflicts(conflicting_doc, a, b, rule, a_quote, 
         # The citation's lines hold its quote in the source file.
         lines = CONFLICTING.splitlines()
         kept = [ln for ln in lines]  # text ingest keeps every line, blank ones included
-        assert normalize(quote) in normalize(" ".join(kept[c.line_start - 1 : c.line_end]))
+        assert normalize(quote) in normalize(" ".join(kept[c.span.line_start - 1 : c.span.line_end]))
 
 
 def test_survival_shorter_than_confidentiality_in_one_clause(conflicting_doc):

@@ -55,8 +55,8 @@ def test_civil_code_article_143_on_its_page(docs):
     # "第一百四十三条 具备下列条件的民事法律行为有效：", in 第六章 第三节 民事法律行为的效力.
     doc = docs["civil"]
     s = by_number(doc, "第一百四十三条")
-    assert s.page_start == 31
-    assert doc.text[s.char_start:].startswith("第一百四十三条 具备下列条件的民事法律行为有效")
+    assert s.span.page == 31
+    assert doc.text[s.span.char_start:].startswith("第一百四十三条 具备下列条件的民事法律行为有效")
     assert section_key(s.number) == ("条", 143)
     parent = next(p for p in doc.sections if p.id == s.parent_id)
     assert parent.number == "第三节" and parent.title == "民事法律行为的效力"
@@ -65,17 +65,17 @@ def test_civil_code_article_143_on_its_page(docs):
     assert s.level == parent.level + 1 == chapter.level + 2
     # 第一百四十二条 (the last article of 第二节) ends where the heading 第三节 begins
     prev = by_number(doc, "第一百四十二条")
-    assert prev.char_end == parent.char_start and prev.page_start == 31
+    assert prev.span.char_end == parent.span.char_start and prev.span.page == 31
 
 
 def test_civil_code_contents_pages_yield_no_sections(docs):
     # Pages 1-7 are the 目录 (book/chapter/section titles without page numbers); the body
     # begins on page 7 after "附则" with "第一编 总则", "第一章 基本规定", "第一条 ...".
     doc = docs["civil"]
-    assert all(s.page_start >= 7 for s in doc.sections)
+    assert all(s.span.page >= 7 for s in doc.sections)
     first = doc.sections[:3]
     assert [s.number for s in first] == ["第一编", "第一章", "第一条"]
-    assert first[0].title == "总则" and first[0].page_start == 7
+    assert first[0].title == "总则" and first[0].span.page == 7
     # every article 1..146 (the last whole one on page 35 is 第一百四十六条) is found, once
     articles = [section_key(s.number)[1] for s in doc.sections if s.number.endswith("条")]
     assert articles[:146] == list(range(1, 147))
@@ -97,7 +97,7 @@ def test_civil_code_contents_pages_yield_no_sections(docs):
 def test_contract_clause_at_its_page(docs, name, number, title, page):
     s = by_number(docs[name], number)
     assert s.title == title
-    assert s.page_start == page
+    assert s.span.page == page
 
 
 def test_contract_tree(docs):
@@ -105,7 +105,7 @@ def test_contract_tree(docs):
     art2 = by_number(array, "ARTICLE II")
     s21 = by_number(array, "2.1")
     assert s21.parent_id == art2.id and s21.level == art2.level + 1
-    assert art2.char_start <= s21.char_start < s21.char_end <= art2.char_end
+    assert art2.span.char_start <= s21.span.char_start < s21.span.char_end <= art2.span.char_end
     # a definition clause is titled by its term
     assert by_number(array, "1.2").title == "Annual Net Sales"
     ibm = docs["ibm"]
@@ -116,7 +116,7 @@ def test_cross_references_in_running_text_are_not_headings(docs):
     # Page 4 of Array has a line beginning "Section 13(d) and 14(d) of the United States
     # Securities Exchange Act"; Goosehead page 7 a line "Section 13 below."; IBM page 4
     # "Section 5.0. This Agreement will automatically be renewed".
-    assert not any(s.page_start == 4 and s.number.startswith("13") for s in docs["array"].sections)
+    assert not any(s.span.page == 4 and s.number.startswith("13") for s in docs["array"].sections)
     assert not any(s.number == "13" for s in docs["goosehead"].sections)
     starts = [s for s in docs["ibm"].sections if s.number == "5.0"]
     assert len(starts) == 1
@@ -125,11 +125,11 @@ def test_cross_references_in_running_text_are_not_headings(docs):
 def test_toc_pages_yield_no_sections(docs):
     # Goosehead page 2 is a contents table ("1 Grant 2", "2 Term And Renewal 3", ...);
     # IBM page 2 lists "SECTION 1.0 DEFINITIONS.......  Page 4" before the real heading.
-    assert not any(s.page_start == 2 for s in docs["goosehead"].sections)
+    assert not any(s.span.page == 2 for s in docs["goosehead"].sections)
     ibm_defs = [s for s in docs["ibm"].sections if s.number == "1.0"]
     assert len(ibm_defs) == 1 and ibm_defs[0].title == "DEFINITIONS"
     # RISC-V: pages 5-14 are contents, lists of figures and tables
-    assert not any(5 <= s.page_start <= 14 for s in docs["riscv"].sections)
+    assert not any(5 <= s.span.page <= 14 for s in docs["riscv"].sections)
 
 
 def test_riscv_chapters_and_numbered_sections(docs):
@@ -138,17 +138,17 @@ def test_riscv_chapters_and_numbered_sections(docs):
     # "3.1.6.5 Virtualization Support in mstatus Register" on page 38.
     doc = docs["riscv"]
     ch3 = by_number(doc, "Chapter 3")
-    assert ch3.page_start == 29 and ch3.title == "Machine-Level ISA, Version 1.12"
+    assert ch3.span.page == 29 and ch3.title == "Machine-Level ISA, Version 1.12"
     s316 = by_number(doc, "3.1.6")
-    assert s316.page_start == 34
+    assert s316.span.page == 34
     assert s316.title == "Machine Status Registers (mstatus and mstatush)"
     s3165 = by_number(doc, "3.1.6.5")
-    assert s3165.page_start == 38 and s3165.title == "Virtualization Support in mstatus Register"
+    assert s3165.span.page == 38 and s3165.title == "Virtualization Support in mstatus Register"
     assert s3165.parent_id == s316.id
     assert by_number(doc, "3.1").parent_id == ch3.id
     # 3.1.6 ends where 3.1.7 starts (page 43)
     s317 = by_number(doc, "3.1.7")
-    assert s316.char_end == s317.char_start and s317.page_start == 43
+    assert s316.span.char_end == s317.span.char_start and s317.span.page == 43
     # running headers such as "28 Volume II: RISC-V Privileged Architectures" are not
     # sections, and no bare table row ("4 E RV32E base ISA") became one
     assert all("Volume II" not in s.title for s in doc.sections)
@@ -160,10 +160,10 @@ def test_spans_are_consistent(docs):
         ids = {s.id for s in doc.sections}
         for s in doc.sections:
             assert s.parent_id is None or s.parent_id in ids
-            assert 0 <= s.char_start < s.char_end <= len(doc.text)
-            loc = doc.locate(s.char_start)
-            assert (loc.page, loc.line) == (s.page_start, s.line_start)
-            assert (s.page_end, s.line_end) >= (s.page_start, s.line_start)
+            assert 0 <= s.span.char_start < s.span.char_end <= len(doc.text)
+            loc = doc.locate(s.span.char_start)
+            assert (loc.page, loc.line) == (s.span.page, s.span.line_start)
+            assert (s.span.page_end, s.span.line_end) >= (s.span.page, s.span.line_start)
 
 
 def test_html_raw_sections_become_sections():
@@ -176,12 +176,12 @@ def test_html_raw_sections_become_sections():
            RawSection(number="2.1", title="Sub", level=2, page=3, element_id="section-2.1"),
            RawSection(number="3", title="Next", level=1, page=4, element_id="section-3")]
     secs = detect_sections(doc, raw)
-    assert [(s.id, s.number, s.level, s.parent_id, s.element_id) for s in secs] == [
+    assert [(s.id, s.number, s.level, s.parent_id, s.span.element_id) for s in secs] == [
         ("s1", "2", 1, None, "section-2"), ("s2", "2.1", 2, "s1", "section-2.1"),
         ("s3", "3", 1, None, "section-3")]
-    assert secs[0].char_start == doc.pages[1].start and secs[0].char_end == doc.pages[3].start
-    assert secs[1].char_end == doc.pages[3].start
-    assert secs[2].char_end == len(doc.text) and secs[0].page_end == 3
+    assert secs[0].span.char_start == doc.pages[1].start and secs[0].span.char_end == doc.pages[3].start
+    assert secs[1].span.char_end == doc.pages[3].start
+    assert secs[2].span.char_end == len(doc.text) and secs[0].span.page_end == 3
 
 
 # A services agreement written for this test (fixtures/mixed_numbering_contract.txt) in two
@@ -229,8 +229,8 @@ def _tree(doc: Document, expected: list[tuple]) -> list[tuple]:
     they read) is compared only where `expected` gives one."""
     by_id = {s.id: s for s in doc.sections}
     want_title = {(n, line) for n, title, _, _, line in expected if title is not None}
-    return [(s.number, s.title if (s.number, s.line_start) in want_title else None, s.level,
-             by_id[s.parent_id].number if s.parent_id else None, s.line_start)
+    return [(s.number, s.title if (s.number, s.span.line_start) in want_title else None, s.level,
+             by_id[s.parent_id].number if s.parent_id else None, s.span.line_start)
             for s in doc.sections]
 
 
@@ -240,8 +240,8 @@ def test_mixed_numbering_schemes_nest_by_position():
     # 7. TERMINATION spans its own clause only, and clause 6 ends where it starts, its list
     # (through "8 Sub-Contractors") inside it
     s6, s7 = by_number(doc, "6"), [s for s in doc.sections if s.number == "7"][0]
-    assert s6.char_end == s7.char_start
-    assert "8 Sub-Contractors" in doc.text[s6.char_start:s6.char_end]
+    assert s6.span.char_end == s7.span.char_start
+    assert "8 Sub-Contractors" in doc.text[s6.span.char_start:s6.span.char_end]
 
 
 def test_clause_after_a_list_that_ends_the_previous_clause():
@@ -253,7 +253,7 @@ def test_clause_after_a_list_that_ends_the_previous_clause():
     lines = text.split("\n")
     cut = lines[:53] + lines[62:]  # drop lines 54-62 (3.2 and its sub-paragraphs)
     doc = _text_doc("\n".join(cut))
-    tops = [(s.number, s.title, s.line_start) for s in doc.sections if s.level == 1]
+    tops = [(s.number, s.title, s.span.line_start) for s in doc.sections if s.level == 1]
     assert tops[2:5] == [("3", "SUPPLY OF SERVICES", 42), ("4", "CHARGES AND PAYMENT", 54),
                          ("5", "CUSTOMER'S OBLIGATIONS", 62)]
     assert [s.number for s in doc.sections if s.parent_id == by_number(doc, "3").id] == ["3.1"]

@@ -32,23 +32,23 @@ def real_tokens():
 
 
 def check_cover(doc: Document, segs) -> None:
-    assert segs[0].char_start == 0 and segs[-1].char_end == len(doc.text)
+    assert segs[0].span.char_start == 0 and segs[-1].span.char_end == len(doc.text)
     for a, b in zip(segs, segs[1:]):
-        assert a.char_end == b.char_start
+        assert a.span.char_end == b.span.char_start
     assert [s.index for s in segs] == list(range(len(segs)))
     assert "".join(s.text for s in segs) == doc.text
     # no line is ever split: each lies wholly inside one segment
-    ends = [s.char_end for s in segs]
+    ends = [s.span.char_end for s in segs]
     for p in doc.pages:
         for ln in p.lines:
-            seg = next(s for s in segs if s.char_start <= ln.start < s.char_end or
-                       (ln.start == ln.end == s.char_end))
-            assert ln.end <= seg.char_end
-            assert ln.start not in ends[:-1] or ln.start == seg.char_start
+            seg = next(s for s in segs if s.span.char_start <= ln.start < s.span.char_end or
+                       (ln.start == ln.end == s.span.char_end))
+            assert ln.end <= seg.span.char_end
+            assert ln.start not in ends[:-1] or ln.start == seg.span.char_start
     for s in segs:
-        first, last = doc.locate(s.char_start), doc.locate(max(s.char_start, s.char_end - 2))
-        assert (s.page_start, s.line_start) == (first.page, first.line)
-        assert (s.page_end, s.line_end) <= (last.page, last.line + 1)
+        first, last = doc.locate(s.span.char_start), doc.locate(max(s.span.char_start, s.span.char_end - 2))
+        assert (s.span.page, s.span.line_start) == (first.page, first.line)
+        assert (s.span.page_end, s.span.line_end) <= (last.page, last.line + 1)
 
 
 @pytest.mark.parametrize("name, target", [("array", 2048), ("array", 300), ("riscv", 1000),
@@ -58,7 +58,7 @@ def test_cover_and_budget(docs, name, target):
     segs = make_segments(doc, target_tokens=target)
     check_cover(doc, segs)
     for s in segs[:-1]:
-        single_line = doc.locate(s.char_start).line == s.line_end and s.page_start == s.page_end
+        single_line = doc.locate(s.span.char_start).line == s.span.line_end and s.span.page == s.span.page_end
         assert s.token_count <= target or single_line
         assert s.token_count >= 0.6 * target or single_line
     assert sum(s.token_count for s in segs) == sum(
@@ -68,8 +68,8 @@ def test_cover_and_budget(docs, name, target):
 def test_prefers_section_starts(docs):
     doc = docs["array"]
     segs = make_segments(doc, target_tokens=1000)
-    starts = {s.char_start for s in doc.sections}
-    at_section = sum(1 for s in segs[1:] if s.char_start in starts)
+    starts = {s.span.char_start for s in doc.sections}
+    at_section = sum(1 for s in segs[1:] if s.span.char_start in starts)
     # Array's numbered clauses are rarely longer than 40% of 1000 tokens, so nearly every
     # cut can fall on a clause boundary
     assert at_section >= 0.8 * (len(segs) - 1)
@@ -110,12 +110,12 @@ def test_table_rows_never_split():
     # a budget smaller than the table: the table must be cut, but only between rows
     segs = make_segments(doc, target_tokens=table_tokens // 3)
     check_cover(doc, segs)
-    cuts = {s.char_start for s in segs}
+    cuts = {s.span.char_start for s in segs}
     for r in rows:
         assert not any(r.start < c < r.end for c in cuts)
     # a budget the table fits in: no cut inside it at all
     segs = make_segments(doc, target_tokens=table_tokens + 60)
-    inside = [c for c in (s.char_start for s in segs) if rows[0].start < c <= rows[-1].start]
+    inside = [c for c in (s.span.char_start for s in segs) if rows[0].start < c <= rows[-1].start]
     assert inside == []
 
 

@@ -67,8 +67,8 @@ SECTION = SummarizeSettings(cluster="section", length="detailed")
 
 def page_lines(store, c: Citation) -> str:
     """The cited lines as `docqa show --page` prints them."""
-    _, page = store.get_page(c.doc_id, c.page)
-    return "\n".join(ln.text for ln in page.lines[c.line_start - 1 : c.line_end])
+    _, page = store.get_page(c.doc_id, c.span.page)
+    return "\n".join(ln.text for ln in page.lines[c.span.line_start - 1 : c.span.line_end])
 
 
 def test_statements_rest_on_verified_quotes_and_every_sentence_is_cited(store):
@@ -109,8 +109,8 @@ def test_free_text_sentences_without_a_statement_number_are_dropped_and_counted(
     _, doc = store
     c = Citation(doc_id=doc.doc_id, page=2, element_id=None, line_start=1, line_end=1, quote="x", verified=True)
     numbered = [Statement(doc_id=doc.doc_id, segment=0, text="a", citations=[c]),
-                Statement(doc_id=doc.doc_id, segment=0, text="b", citations=[c.model_copy(update={"line_start": 2,
-                                                                                                 "line_end": 2})])]
+                Statement(doc_id=doc.doc_id, segment=0, text="b", citations=[c.model_copy(update={"span": c.span.model_copy(
+                    update={"line_start": 2, "line_end": 2})})])]
     raw = ("The customer pays a yearly fee [2]. The licensor is generous and kind. "
            "Both sides keep secrets [1, 2]. Payment is late [7].")
     kept, dropped = tie_sentences(raw, numbered)
@@ -194,8 +194,8 @@ def test_clustering_by_embedding_and_by_section(store):
 
     def at(section_number, text):
         sec = art[section_number]
-        c = Citation(doc_id=doc.doc_id, page=sec.page_start, element_id=None, line_start=1, line_end=1, quote=text,
-                     verified=True, char_start=sec.char_start + 1, char_end=sec.char_start + 2)
+        c = Citation(doc_id=doc.doc_id, page=sec.span.page, element_id=None, line_start=1, line_end=1, quote=text,
+                     verified=True, char_start=sec.span.char_start + 1, char_end=sec.span.char_start + 2)
         return Statement(doc_id=doc.doc_id, segment=0, text=text, citations=[c])
 
     stmts = [at("ARTICLE 3", "terminate on notice"), at("ARTICLE 4", "pay the fee"),

@@ -21,10 +21,10 @@ RULES = SummarizeSettings(evidence_only=True, length="detailed")
 def rechecks(store, c) -> bool:
     from docqa.pipelines.textnorm import normalize
 
-    page = c.page or store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
-                                      [c.doc_id, c.element_id]).fetchone()[0]
+    page = c.span.page or store.db.execute("SELECT n FROM pages WHERE doc_id = ? AND label = ?",
+                                      [c.doc_id, c.span.element_id]).fetchone()[0]
     _, p = store.get_page(c.doc_id, page)
-    return normalize(c.quote) in normalize("\n".join(ln.text for ln in p.lines[c.line_start - 1 : c.line_end]))
+    return normalize(c.quote) in normalize("\n".join(ln.text for ln in p.lines[c.span.line_start - 1 : c.span.line_end]))
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_contract_summary_cites_the_gold_pages_and_every_citation_rechecks(store
             pages = {p for sp in q["gold_spans"] for p in (sp["pdf_pages_1based"] or [])}
             if pages:
                 gold[q["category"]] = pages
-    cited = {c.page for c in cites}
+    cited = {c.span.page for c in cites}
     covered = [k for k, pages in gold.items() if pages & cited]
     # bench/results/summarize.md: the detailed summary covers most categories (15 of 19); far fewer than
     # the contract's 75 pages are cited.
@@ -65,5 +65,5 @@ def test_paper_header_and_rfc_element_ids(store):
     rfc = ingest_path(store, CORPUS / "html/rfc9112_HTTP_1.1.html", max_bytes=200_000_000)["doc_id"]
     _, summ = summarize(store, [rfc], SummarizeSettings(evidence_only=True))
     cites = summ.citations()
-    assert cites and all(c.page is None and c.element_id for c in cites)
+    assert cites and all(c.span.page is None and c.span.element_id for c in cites)
     assert all(rechecks(store, c) for c in cites)

@@ -65,7 +65,7 @@ def test_summarize_through_docqa_serve(server, engine, contract):
         assert len(ext.statements) + ext.rejected <= max(1, len(parse_citations(ext.raw)))
     # Whatever is shown cites lines that hold its quote.
     for c in summ.citations():
-        assert c.verified and normalize(c.quote) in normalize(doc.lines_text(c.page, c.line_start, c.line_end))
+        assert c.verified and normalize(c.quote) in normalize(doc.lines_text(c.span.page, c.span.line_start, c.span.line_end))
     assert all(s.citations for s in summ.sentences())
 
 

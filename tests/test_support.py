@@ -102,7 +102,7 @@ def test_wrong_quote_is_withheld_with_its_draft():
     ans = answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=True)
     assert ans.status == "not_found" and ans.citations == []
     assert ans.raw_answer == reply and ans.evidence
-    assert [(c.page, c.verified, c.supports) for c in ans.draft_citations] == [(1, True, False), (2, True, False)]
+    assert [(c.span.page, c.verified, c.supports) for c in ans.draft_citations] == [(1, True, False), (2, True, False)]
     # Without the check the same quotes are shown, each marked as not supporting.
     shown = answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=False)
     assert shown.status == "answered" and [c.supports for c in shown.citations] == [False, False]
@@ -112,7 +112,7 @@ def test_supporting_quote_is_answered():
     reply = '"Total revenues net of interest expense 2022: $52,862" [PAGE:2, LINE:3]'
     ans = answer_question(REVENUE_Q, DOCS, PASSAGES, scripted(reply), support_check=True)
     assert ans.status == "answered"
-    assert [(c.page, c.line_start, c.verified, c.supports) for c in ans.citations] == [(2, 3, True, True)]
+    assert [(c.span.page, c.span.line_start, c.verified, c.supports) for c in ans.citations] == [(2, 3, True, True)]
 
 
 def test_free_text_figure_must_come_from_a_supporting_quote():

@@ -39,10 +39,10 @@ async def _walk(db):
             page = browse.screen
             assert isinstance(page, PageScreen)
             _, c = answer.cites[0]
-            assert (page.page_n, page.cited) == (c.page, (c.line_start, c.line_end))
+            assert (page.page_n, page.cited) == (c.span.page, (c.span.line_start, c.span.line_end))
             text = page.page_text()
             lit = [text.plain[s.start:s.end] for s in text.spans if str(s.style) == HIGHLIGHT]
-            assert len(lit) == c.line_end - c.line_start + 1
+            assert len(lit) == c.span.line_end - c.span.line_start + 1
             assert footer(page) == {"escape": "back", "n": "next page", "p": "previous page", "q": "quit"}
             await pilot.press("escape")
             await pilot.pause()

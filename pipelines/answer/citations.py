@@ -14,43 +14,36 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-from ..document import Document, Span
+from ..document import Document, Span, Spanned
 from ..textnorm import normalize, normalize_loose
 
 # Quotes shorter than this (after normalisation) prove nothing: "the", "30 days".
 MIN_QUOTE_CHARS = 12
 
 
-class Citation(BaseModel):
-    # `element_id` is read and written as "section_id" (the runs table's column and
-    # `--json`'s field since the first release), and accepted by either name.
-    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
-                              serialize_by_alias=True)
+class Citation(Spanned):
+    """A cited span of a document with its quote and verdict. Read and written flat (the
+    runs table's column and `--json`'s shape since the first release): the span's element
+    id as "section_id" (also accepted as "element_id"); a citation lies on one page, so its
+    span has no `page_end`. Once verified, the span's chars are where the quote lies."""
 
     doc_id: str
-    page: int | None  # 1-based physical page; None for HTML
-    element_id: str | None = Field(alias="section_id")  # HTML element id; None for PDF/text
-    line_start: int
-    line_end: int
     quote: str
     segment_id: int | None = None
     verified: bool = False
     relocated: bool = False  # the quote was found, but not on the lines the model named
-    char_start: int | None = None  # where the quote lies in Document.text, once verified
-    char_end: int | None = None
     note: str | None = None  # why a citation did not verify, or why it does not support the answer
     # Whether the quote answers the question (pipelines/answer/support.py): it names the subject and,
     # for a numeric question, holds a figure of the kind and year asked. None: not judged
     # (evidence passages, runs stored before the check existed).
     supports: bool | None = None
 
-    @property
-    def span(self) -> Span:
-        """The cited lines (and, once verified, where the quote lies in the text)."""
-        return Span(page=self.page, element_id=self.element_id, line_start=self.line_start,
-                    line_end=self.line_end, char_start=self.char_start, char_end=self.char_end)
+    _FLAT = {"page": "page", "section_id": "element_id", "element_id": "element_id", "line_start": "line_start",
+             "line_end": "line_end", "char_start": "char_start", "char_end": "char_end"}
+    _ORDER = ("doc_id", "page", "section_id", "line_start", "line_end", "quote", "segment_id", "verified",
+              "relocated", "char_start", "char_end", "note", "supports")
 
     def label(self, *, with_doc: bool = False) -> str:
         """`[PAGE:p, LINE:a-b]` (or SECTION for HTML); `with_doc` names the document first,
@@ -72,13 +65,10 @@ class CitedSpan(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    start: int
+    start: int  # char offsets of the marker in the answer
     end: int
     doc_id: str | None
-    page: int | None
-    element_id: str | None  # HTML element id
-    line_start: int
-    line_end: int
+    span: Span  # the page (or HTML element id) and lines it names
     quote: str
 
 
@@ -106,10 +96,8 @@ def parse_citations(answer: str) -> list[CitedSpan]:
                 start=m.start(),
                 end=m.end(),
                 doc_id=m["doc"].lower() if m["doc"] else None,
-                page=int(m["page"]) if m["page"] else None,
-                element_id=m["section"],
-                line_start=min(l1, l2),
-                line_end=max(l1, l2),
+                span=Span(page=int(m["page"]) if m["page"] else None, element_id=m["section"],
+                          line_start=min(l1, l2), line_end=max(l1, l2)),
                 quote=quote.strip().strip("-–—:,; "),
             )
         )
@@ -117,7 +105,7 @@ def parse_citations(answer: str) -> list[CitedSpan]:
     return spans
 
 
-def _page_for(doc: Document, span: CitedSpan) -> int | None:
+def _page_for(doc: Document, span: Span) -> int | None:
     if span.element_id is not None:
         for p in doc.pages:
             if p.label == span.element_id:
@@ -180,37 +168,31 @@ def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | Non
     if doc_id and doc_id not in docs:
         hits = [d for d in docs if d.startswith(doc_id)]
         doc_id = hits[0] if len(hits) == 1 else doc_id
-    base = dict(
-        doc_id=doc_id or "",
-        page=span.page,
-        element_id=span.element_id,
-        line_start=span.line_start,
-        line_end=span.line_end,
-        quote=span.quote,
-    )
+    claim = span.span
     doc = docs.get(doc_id) if doc_id else None
     if doc is None:
-        return Citation(**base, note="unknown document")
-    if doc.type == "html" and span.element_id is None and span.page is not None:
-        base["page"] = None  # HTML has no pages; keep the line claim, look up by quote below
-    page_n = _page_for(doc, span)
+        return Citation(doc_id=doc_id or "", span=claim, quote=span.quote, note="unknown document")
+    if doc.type == "html" and claim.element_id is None and claim.page is not None:
+        # HTML has no pages; keep the line claim, look up by quote below
+        claim = claim.model_copy(update={"page": None})
+    page_n = _page_for(doc, span.span)
     if len(normalize(span.quote)) < MIN_QUOTE_CHARS:
-        return Citation(**base, note="no quote to check")
+        return Citation(doc_id=doc_id, span=claim, quote=span.quote, note="no quote to check")
     if page_n is not None:
         lines = doc.page(page_n).lines
-        if lines and span.line_start <= len(lines):
-            first = lines[max(0, span.line_start - 1)]
-            last = lines[min(len(lines), span.line_end) - 1]
+        if lines and claim.line_start <= len(lines):
+            first = lines[max(0, claim.line_start - 1)]
+            last = lines[min(len(lines), claim.line_end) - 1]
             hit = find_quote(doc, span.quote, first.start, last.end)
             if hit:
                 # Narrowed to the lines the quote actually covers: still inside what was cited.
                 a, b = doc.locate(hit[0]), doc.locate(max(hit[0], hit[1] - 1))
-                if a.page == b.page == page_n:
-                    base.update(line_start=a.line, line_end=b.line)
-                return Citation(**base, verified=True, char_start=hit[0], char_end=hit[1])
+                narrow = {"line_start": a.line, "line_end": b.line} if a.page == b.page == page_n else {}
+                return Citation(doc_id=doc_id, quote=span.quote, verified=True,
+                                span=claim.model_copy(update=narrow | {"char_start": hit[0], "char_end": hit[1]}))
     hit = find_in_document(doc, span.quote)
     if hit is None:
-        return Citation(**base, note="quote not found in the document")
+        return Citation(doc_id=doc_id, span=claim, quote=span.quote, note="quote not found in the document")
     return relocate(doc, hit, quote=span.quote)
 
 
@@ -225,15 +207,11 @@ def relocate(doc: Document, hit: tuple[int, int], *, quote: str) -> Citation:
     html = doc.type == "html"
     return Citation(
         doc_id=doc.doc_id,
-        page=None if html else a.page,
-        element_id=doc.page(a.page).label if html else None,
-        line_start=a.line,
-        line_end=b_line,
+        span=Span(page=None if html else a.page, element_id=doc.page(a.page).label if html else None,
+                  line_start=a.line, line_end=b_line, char_start=hit[0], char_end=hit[1]),
         quote=quote,
         verified=True,
         relocated=True,
-        char_start=hit[0],
-        char_end=hit[1],
     )
 
 
@@ -250,12 +228,8 @@ def cite_lines(doc: Document, page: int, line_start: int, line_end: int) -> Cita
     first, last = p.lines[line_start - 1], p.lines[line_end - 1]
     return Citation(
         doc_id=doc.doc_id,
-        page=None if html else page,
-        element_id=p.label if html else None,
-        line_start=line_start,
-        line_end=line_end,
+        span=Span(page=None if html else page, element_id=p.label if html else None,
+                  line_start=line_start, line_end=line_end, char_start=first.start, char_end=last.end),
         quote=text,
         verified=True,
-        char_start=first.start,
-        char_end=last.end,
     )

@@ -49,8 +49,8 @@ class Extraction(BaseModel):
 def segment_text(doc: Document, seg: Chunk) -> str:
     """A segment as the map step shows it: each page's part under its marker."""
     parts = []
-    for p in doc.pages[seg.page_start - 1 : seg.page_end]:
-        lines = [ln for ln in p.lines if ln.role == "body" and seg.char_start <= ln.start < seg.char_end]
+    for p in doc.pages[seg.span.page - 1 : seg.span.page_end]:
+        lines = [ln for ln in p.lines if ln.role == "body" and seg.span.char_start <= ln.start < seg.span.char_end]
         if lines:
             html = doc.type == "html"
             span = Span(page=None if html else p.n, element_id=p.label if html else None,
@@ -71,14 +71,14 @@ def map_segment(question: str, doc: Document, seg: Chunk, generate: Generate) ->
     kept, rejected = [], 0
     for span in parse_citations(raw):
         c = verify(span, {doc.doc_id: doc}, doc.doc_id)
-        if c.verified and c.char_start is not None and seg.char_start <= c.char_start < seg.char_end:
+        if c.verified and c.span.char_start is not None and seg.span.char_start <= c.span.char_start < seg.span.char_end:
             kept.append(c.model_copy(update={"segment_id": seg.index}))
         else:
             rejected += 1
     if not kept:  # quotes without markers still count when they are really in the segment
         for line in raw.splitlines():
             quote = line.strip().strip('-*•"“” ').rstrip('".”')
-            hit = find_quote(doc, quote, seg.char_start, seg.char_end) if len(quote) >= 25 else None
+            hit = find_quote(doc, quote, seg.span.char_start, seg.span.char_end) if len(quote) >= 25 else None
             if hit:
                 kept.append(relocate(doc, hit, quote=quote).model_copy(update={"segment_id": seg.index}))
     return Extraction(doc_id=doc.doc_id, segment=seg.index, raw=raw, citations=kept, rejected=rejected)
@@ -87,8 +87,8 @@ def map_segment(question: str, doc: Document, seg: Chunk, generate: Generate) ->
 def _dedupe(cites: list[Citation]) -> list[Citation]:
     """One citation per stretch of text: a quote inside another's span adds nothing."""
     out: list[Citation] = []
-    for c in sorted(cites, key=lambda c: (c.doc_id, c.char_start or 0, -(c.char_end or 0))):
-        if out and out[-1].doc_id == c.doc_id and (c.char_end or 0) <= (out[-1].char_end or 0):
+    for c in sorted(cites, key=lambda c: (c.doc_id, c.span.char_start or 0, -(c.span.char_end or 0))):
+        if out and out[-1].doc_id == c.doc_id and (c.span.char_end or 0) <= (out[-1].span.char_end or 0):
             continue
         if any(normalize(o.quote) == normalize(c.quote) for o in out if o.doc_id == c.doc_id):
             continue
@@ -123,19 +123,19 @@ def reduce_extractions(question: str, docs: Mapping[str, Document], extractions:
             lines.append(header)
         by_section: dict[str | None, list[Citation]] = {}
         for c in mine:
-            sec = next((s for s in reversed(doc.sections) if s.char_start <= (c.char_start or 0)), None)
+            sec = next((s for s in reversed(doc.sections) if s.span.char_start <= (c.span.char_start or 0)), None)
             by_section.setdefault(" ".join(x for x in (sec.number, sec.title) if x) if sec else None, []).append(c)
         for title, group in by_section.items():
             if title:
                 lines.append(f"{title}:")
             for c in group:
                 lines.append(f'- "{" ".join(c.quote.split())}" {c.label(with_doc=multi)}')
-        spans = [(c.char_start, c.char_end) for c in mine if c.char_start is not None]
+        spans = [(c.span.char_start, c.span.char_end) for c in mine if c.span.char_start is not None]
         for f in detect_conflicts(doc, "extracted", spans, "extracted", spans):
             lines.append(f"{f.text} {f.a.label(with_doc=multi)} / {f.b.label(with_doc=multi)}")
             cites += [f.a, f.b]
     if multi:
-        spans_by_doc = {d: [(c.char_start, c.char_end) for c in cites if c.doc_id == d and c.char_start is not None]
+        spans_by_doc = {d: [(c.span.char_start, c.span.char_end) for c in cites if c.doc_id == d and c.span.char_start is not None]
                         for d in docs}
         cross = detect_cross_conflicts(docs, spans_by_doc)
         if cross:
@@ -150,6 +150,6 @@ def reduce_extractions(question: str, docs: Mapping[str, Document], extractions:
                       raw_answer=raw, evidence=evidence or [], timings=timings)
     for c in cites:
         if c.segment_id is None:
-            c.segment_id = segment_of(docs[c.doc_id], c.char_start)
+            c.segment_id = segment_of(docs[c.doc_id], c.span.char_start)
     return Answer(question=question, status="answered", answer="\n".join(lines), raw_answer=raw,
                   citations=cites, evidence=evidence or [], timings=timings)

@@ -42,7 +42,7 @@ def _section_line(doc: Document, section_id: str) -> str | None:
     for s in doc.sections:
         if s.id == section_id:
             name = " ".join(x for x in (s.number, s.title) if x)
-            where = f"#{s.element_id}" if s.element_id else f"p.{s.page_start} L{s.line_start} … p.{s.page_end} L{s.line_end}"
+            where = f"#{s.span.element_id}" if s.span.element_id else f"p.{s.span.page} L{s.span.line_start} … p.{s.span.page_end} L{s.span.line_end}"
             return f"[SECTION: {name}] {where}"
     return None
 
@@ -87,8 +87,8 @@ def build_context(
                 pre.append(line)
         defs = [a for a in doc.anchors if a.type == "DEFINITION" and (_mentions(qn, a) or _mentions(seen_text, a))]
         for a in defs[:8]:
-            at = a.span.model_copy(update={"element_id": doc.page(a.page).label} if doc.type == "html" else {})
-            pre.append(f"[DEFINITION] {a.text}: {doc.text[a.char_start:a.char_end][:300]} {at.label()}")
+            at = a.span.model_copy(update={"element_id": doc.page(a.span.page).label} if doc.type == "html" else {})
+            pre.append(f"[DEFINITION] {a.text}: {doc.text[a.span.char_start:a.span.char_end][:300]} {at.label()}")
         sec_ids = {p.section_id for p in chosen if p.doc_id == doc_id}
         for kind, pick in (
             ("ENTITY", lambda a: a.type == "ENTITY" and a.subtype == "ORG"),

@@ -61,8 +61,8 @@ def evidence_citations(docs: Mapping[str, Document], passages: list[Passage], k:
     out = []
     for p in evidence_passages(passages, k):
         doc = docs[p.doc_id]
-        c = cite_lines(doc, p.page, p.line_start, p.line_end)
-        out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
+        c = cite_lines(doc, p.span.page, p.span.line_start, p.span.line_end)
+        out.append(c.model_copy(update={"segment_id": segment_of(doc, c.span.char_start)}))
     return out
 
 
@@ -74,7 +74,7 @@ def evidence_passages(passages: list[Passage], k: int) -> list[Passage]:
     for p in passages:
         if len(out) >= k and len(pages) >= k or len(out) == 2 * k:
             break
-        key = (p.doc_id, p.page, p.element_id)
+        key = (p.doc_id, p.span.page, p.span.element_id)
         if len(out) < k or key not in pages:
             pages.add(key)
             out.append(p)
@@ -125,10 +125,10 @@ def _mechanical_citations(answer: str, docs: Mapping[str, Document], passages: l
             if not quote:
                 continue
             doc = docs[p.doc_id]
-            hit = find_quote(doc, quote, p.char_start, p.char_end)
+            hit = find_quote(doc, quote, p.span.char_start, p.span.char_end)
             if hit:
                 c = relocate(doc, hit, quote=quote)
-                out.append(c.model_copy(update={"segment_id": segment_of(doc, c.char_start)}))
+                out.append(c.model_copy(update={"segment_id": segment_of(doc, c.span.char_start)}))
                 break
     return out
 
@@ -193,7 +193,7 @@ def check_answer(
     for span in parse_citations(raw):
         c = verify(span, docs, default_doc)
         if c.verified:
-            c = c.model_copy(update={"segment_id": segment_of(docs[c.doc_id], c.char_start)})
+            c = c.model_copy(update={"segment_id": segment_of(docs[c.doc_id], c.span.char_start)})
             citations.append(c)
             shown.append(raw[pos : span.start] + c.label(with_doc=len(docs) > 1))
         else:
@@ -222,10 +222,10 @@ def check_answer(
 
 def judge(c: Citation, doc: Document, need: Need) -> Citation:
     """A verified citation with its `supports` verdict (and, when it does not, why)."""
-    page = doc.locate(c.char_start).page if c.char_start is not None else c.page
-    lines = doc.lines_text(page, c.line_start, c.line_end) if page else c.quote
+    page = doc.locate(c.span.char_start).page if c.span.char_start is not None else c.span.page
+    lines = doc.lines_text(page, c.span.line_start, c.span.line_end) if page else c.quote
     if page and need.years:  # a table row's years head its columns, up to 40 lines above it
-        above = doc.page(page).lines[max(0, c.line_start - 41):c.line_start - 1]
+        above = doc.page(page).lines[max(0, c.span.line_start - 41):c.span.line_start - 1]
         lines = header_years([ln.text for ln in above]) + "\n" + lines
     why = why_not(c.quote, lines, need)
     return c.model_copy(update={"supports": why is None, "note": f"does not support the answer: {why}" if why else c.note})
@@ -241,7 +241,7 @@ def segment_of(doc: Document, offset: int | None) -> int | None:
     if offset is None:
         return None
     for seg in doc.segments:
-        if seg.char_start <= offset < seg.char_end:
+        if seg.span.char_start <= offset < seg.span.char_end:
             return seg.index
     return None
 

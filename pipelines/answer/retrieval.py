@@ -126,7 +126,7 @@ def _pages(page_fts: PageFts, phrases: Sequence[str], doc_ids: list[str],
     on_page: dict[tuple[str, int], list[Key]] = {}
     for d in doc_ids:
         for p in passages.get(d, ()):
-            on_page.setdefault((d, p.page), []).append((d, p.index))
+            on_page.setdefault((d, p.span.page), []).append((d, p.index))
     out = []
     for d, n, _ in page_fts(expr, doc_ids, FTS_LIMIT):
         keys = on_page.get((d, n))
@@ -249,7 +249,7 @@ def _clauses(q: Query, docs: Mapping[str, Document], passages: Mapping[str, Sequ
             ps = passages.get(doc_id, ())
             for s in _section_matches(doc, ref):
                 for p in ps:
-                    if p.char_end > s.char_start and p.char_start < s.char_end:
+                    if p.span.char_end > s.span.char_start and p.span.char_start < s.span.char_end:
                         out.append((doc_id, p.index))
     return list(dict.fromkeys(out))
 
@@ -268,7 +268,7 @@ def _preamble(q: Query, docs: Mapping[str, Document], passages: Mapping[str, Seq
 
 def _passage_at(ps: Sequence[Passage], offset: int) -> Passage | None:
     for p in ps:
-        if p.char_start <= offset < p.char_end + 1:
+        if p.span.char_start <= offset < p.span.char_end + 1:
             return p
     return None
 
@@ -282,7 +282,7 @@ def _definitions(q: Query, docs: Mapping[str, Document], passages: Mapping[str, 
         ps = passages.get(doc_id, ())
         for a in doc.anchors:
             if a.type == "DEFINITION" and a.value in wanted:
-                p = _passage_at(ps, a.char_start)
+                p = _passage_at(ps, a.span.char_start)
                 if p is not None:
                     out.append((doc_id, p.index))
     return list(dict.fromkeys(out))
@@ -309,7 +309,7 @@ def _figure_rows(fq: FigureQuery, docs: Mapping[str, Document], passages: Mappin
             best = max((row_matches(line, fq) for line in p.text.split("\n")), default=0)
             if best:
                 key = (doc_id, p.index)
-                on_statement = kinds[doc_id].get(p.page) in fq.statements
+                on_statement = kinds[doc_id].get(p.span.page) in fq.statements
                 scored.append((-best, not on_statement, rank.get(key, len(rank)), p.index, key))
     scored.sort()
     return [k for *_, k in scored][:FTS_LIMIT]
@@ -324,14 +324,14 @@ def _statements(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping
     for doc_id in docs:
         best: dict[int, tuple] = {}
         for p in passages.get(doc_id, ()):
-            kind = kinds[doc_id].get(p.page)
+            kind = kinds[doc_id].get(p.span.page)
             if kind not in fq.statements:
                 continue
             key = (doc_id, p.index)
             match = max((row_matches(line, fq) for line in p.text.split("\n")), default=0)
-            cand = (-match, fq.statements.index(kind), rank.get(key, len(rank)), p.page, key)
-            if p.page not in best or cand < best[p.page]:
-                best[p.page] = cand
+            cand = (-match, fq.statements.index(kind), rank.get(key, len(rank)), p.span.page, key)
+            if p.span.page not in best or cand < best[p.span.page]:
+                best[p.span.page] = cand
         scored += best.values()
     scored.sort()
     return [k for *_, k in scored]
@@ -448,7 +448,7 @@ def top_pages(ranked: Sequence[Passage], k: int) -> list[tuple[str, int]]:
     """The first `k` distinct (doc_id, page) among ranked passages: what citations show."""
     pages: list[tuple[str, int]] = []
     for p in ranked:
-        key = (p.doc_id, p.page)
+        key = (p.doc_id, p.span.page)
         if key not in pages:
             pages.append(key)
             if len(pages) == k:

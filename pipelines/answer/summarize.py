@@ -93,7 +93,7 @@ class Statement(BaseModel):
 
     @property
     def start(self) -> int:
-        return min((c.char_start for c in self.citations if c.char_start is not None), default=0)
+        return min((c.span.char_start for c in self.citations if c.span.char_start is not None), default=0)
 
     def key(self) -> str:
         return f"{self.doc_id}:{self.segment}:{self.start}:{hashlib.sha1(self.text.encode()).hexdigest()[:8]}"
@@ -157,7 +157,7 @@ class Summary(BaseModel):
         for b in self.blocks:
             for s in b.sentences:
                 for c in s.citations:
-                    k = (c.doc_id, c.page, c.element_id, c.line_start, c.line_end, c.quote)
+                    k = (c.doc_id, c.span.page, c.span.element_id, c.span.line_start, c.span.line_end, c.quote)
                     if k not in seen:
                         seen.add(k)
                         out.append(c)
@@ -274,18 +274,18 @@ def _heading_lines(doc: Document) -> dict[int, int]:
     GRANT"): a sentence starting there starts after it."""
     out = {}
     for sec in doc.sections:
-        if 1 <= sec.page_start <= len(doc.pages):
-            lines = doc.page(sec.page_start).lines
-            if 1 <= sec.line_start <= len(lines):
-                ln = lines[sec.line_start - 1]
+        if 1 <= sec.span.page <= len(doc.pages):
+            lines = doc.page(sec.span.page).lines
+            if 1 <= sec.span.line_start <= len(lines):
+                ln = lines[sec.span.line_start - 1]
                 name = normalize(" ".join(x for x in (sec.number, sec.title) if x))
-                if ln.start != sec.char_start:
+                if ln.start != sec.span.char_start:
                     continue
                 if normalize(ln.text) == name:
                     out[ln.start] = ln.end
-                elif sec.number and normalize(ln.text) == normalize(sec.number) and sec.line_start < len(lines) \
-                        and normalize(lines[sec.line_start].text) == normalize(sec.title):
-                    out[ln.start] = lines[sec.line_start].end  # "ARTICLE I" / "DEFINITIONS"
+                elif sec.number and normalize(ln.text) == normalize(sec.number) and sec.span.line_start < len(lines) \
+                        and normalize(lines[sec.span.line_start].text) == normalize(sec.title):
+                    out[ln.start] = lines[sec.span.line_start].end  # "ARTICLE I" / "DEFINITIONS"
     return out
 
 
@@ -310,8 +310,8 @@ def units(doc: Document, seg: Chunk, focus: str | None = None) -> list[Unit]:
     fw = focus_words(focus)
     headings = _heading_lines(doc)
     out: list[Unit] = []
-    for p in doc.pages[seg.page_start - 1 : seg.page_end]:
-        lo, hi = max(p.start, seg.char_start), min(p.end, seg.char_end)
+    for p in doc.pages[seg.span.page - 1 : seg.span.page_end]:
+        lo, hi = max(p.start, seg.span.char_start), min(p.end, seg.span.char_end)
         if hi <= lo:
             continue
         for s in sentences(doc, [(lo, hi)]):
@@ -358,7 +358,7 @@ def parties(doc: Document) -> dict[str, str]:
     early = max(3, min(5, len(doc.pages)))
     out: dict[str, str] = {}
     for a in doc.anchors:
-        if a.page > early:
+        if a.span.page > early:
             continue
         if a.type == "ENTITY" and a.subtype == "ORG" and len(a.text) <= 40:
             out.setdefault(normalize(a.text), a.text)
@@ -391,7 +391,7 @@ def classify(doc: Document, text: str, who: Mapping[str, str]) -> tuple[Kind, st
 
 
 def section_of(doc: Document, offset: int, *, top: bool = False):
-    sec = next((s for s in reversed(doc.sections) if s.char_start <= offset), None)
+    sec = next((s for s in reversed(doc.sections) if s.span.char_start <= offset), None)
     if top:
         by_id = {s.id: s for s in doc.sections}
         while sec is not None and sec.parent_id and sec.parent_id in by_id:
@@ -401,7 +401,7 @@ def section_of(doc: Document, offset: int, *, top: bool = False):
 
 def _statement(doc: Document, seg: Chunk, text: str, cites: list[Citation], who: Mapping[str, str]) -> Statement:
     kind, party = classify(doc, text, who)
-    sec = section_of(doc, cites[0].char_start or 0)
+    sec = section_of(doc, cites[0].span.char_start or 0)
     return Statement(doc_id=doc.doc_id, segment=seg.index, text=text, kind=kind, party=party,
                      section_id=sec.id if sec else None,
                      citations=[c.model_copy(update={"segment_id": seg.index}) for c in cites])
@@ -473,10 +473,10 @@ def extract_segment(doc: Document, seg: Chunk, generate: Callable | None, *, len
         if len(stmts) >= spec.per_segment:  # a model that writes freely may give more than asked
             break
         c = verify(span, {doc.doc_id: doc}, doc.doc_id)
-        if not (c.verified and c.char_start is not None and seg.char_start <= c.char_start < seg.char_end):
+        if not (c.verified and c.span.char_start is not None and seg.span.char_start <= c.span.char_start < seg.span.char_end):
             rejected += 1
             continue
-        unit = next((u for u in cands if u.start <= c.char_start < u.end), None)
+        unit = next((u for u in cands if u.start <= c.span.char_start < u.end), None)
         if quote or unit is None:
             if unit is None or unit.start in taken:
                 rejected += unit is None
@@ -692,8 +692,9 @@ def summarise_cluster(members: Sequence[Statement], docs: Mapping[str, Document]
             hit = None
             for i in shown:
                 s = members[i]
-                same_place = any(c.line_start <= span.line_start <= c.line_end and
-                                 (c.page == span.page if span.element_id is None else c.element_id == span.element_id)
+                claim = span.span
+                same_place = any(c.span.line_start <= claim.line_start <= c.span.line_end and
+                                 (c.span.page == claim.page if claim.element_id is None else c.span.element_id == claim.element_id)
                                  for c in s.citations)
                 if same_place and normalize(span.quote) in normalize(s.text) and len(normalize(span.quote)) >= 12:
                     hit = i
@@ -745,28 +746,28 @@ def _paper_cites(doc: Document) -> list[Citation]:
     a = next((a for a in doc.anchors if a.type == "PAPER" and a.subtype == "TITLE"), None)
     if a is None:
         return []
-    hit = find_quote(doc, doc.text[a.char_start : a.char_end], a.char_start, a.char_end)
-    return [relocate(doc, hit, quote=doc.text[a.char_start : a.char_end]).model_copy(update={"relocated": False})] if hit else []
+    hit = find_quote(doc, doc.text[a.span.char_start : a.span.char_end], a.span.char_start, a.span.char_end)
+    return [relocate(doc, hit, quote=doc.text[a.span.char_start : a.span.char_end]).model_copy(update={"relocated": False})] if hit else []
 
 
 def outline(doc: Document, limit: int = 12) -> Block:
     """The top-level sections, each cited by its heading's lines."""
     tops = [s for s in doc.sections if s.level == min((x.level for x in doc.sections), default=1)]
     if len(tops) > limit:  # keep the first ones and the longest ones
-        longest = set(sorted(range(len(tops)), key=lambda i: -(tops[i].char_end - tops[i].char_start))[:limit])
+        longest = set(sorted(range(len(tops)), key=lambda i: -(tops[i].span.char_end - tops[i].span.char_start))[:limit])
         tops = [s for i, s in enumerate(tops) if i in longest]
     out = []
     for s in tops:
-        p = doc.page(s.page_start)
-        if not (1 <= s.line_start <= len(p.lines)):
+        p = doc.page(s.span.page)
+        if not (1 <= s.span.line_start <= len(p.lines)):
             continue
         # The heading's lines: a number alone on its line ("ARTICLE I") is cited with the
         # title on the next.
-        end = s.line_start
-        while end < min(len(p.lines), s.line_start + 2) and normalize(s.title) not in normalize(
-                doc.lines_text(p.n, s.line_start, end)):
+        end = s.span.line_start
+        while end < min(len(p.lines), s.span.line_start + 2) and normalize(s.title) not in normalize(
+                doc.lines_text(p.n, s.span.line_start, end)):
             end += 1
-        c = cite_lines(doc, p.n, s.line_start, end)
+        c = cite_lines(doc, p.n, s.span.line_start, end)
         if len(normalize(c.quote)) < MIN_QUOTE_CHARS:
             continue
         name = " ".join(x for x in (s.number, s.title) if x)
@@ -793,7 +794,7 @@ def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec)
     if header:
         cites = _paper_cites(doc)
         blocks.append(Block(kind="paper", title=header, doc_id=doc.doc_id,
-                            sentences=[Sentence(text=doc.text[a.char_start:a.char_end], citations=cites)
+                            sentences=[Sentence(text=doc.text[a.span.char_start:a.span.char_end], citations=cites)
                                        for a in doc.anchors if a.type == "PAPER" and a.subtype == "TITLE"][:1]
                             if cites else []))
     blocks.append(outline(doc, spec.outline))
@@ -837,8 +838,8 @@ def conflict_blocks(docs: Mapping[str, Document], stmts: Sequence[Statement],
     """Rule-found contradictions among the statements: within a document (named by the
     top-level sections of the two sentences), and across documents. Both sides cited."""
     out: list[Sentence] = []
-    spans = {d: [(c.char_start, c.char_end) for s in stmts if s.doc_id == d and _CONFLICT_FACTS.search(s.text)
-                 for c in s.citations if c.char_start is not None] for d in docs}
+    spans = {d: [(c.span.char_start, c.span.char_end) for s in stmts if s.doc_id == d and _CONFLICT_FACTS.search(s.text)
+                 for c in s.citations if c.span.char_start is not None] for d in docs}
     for doc_id, doc in docs.items():
         if not spans[doc_id]:
             continue
@@ -846,16 +847,16 @@ def conflict_blocks(docs: Mapping[str, Document], stmts: Sequence[Statement],
         # written as "one statement"/"another" and the tag names the two sections.
         seen: set[tuple] = set()
         for f in detect_conflicts(doc, _SIDE_A, spans[doc_id], _SIDE_B, spans[doc_id]):
-            pair = (f.rule, frozenset([(f.a.char_start, f.a.char_end), (f.b.char_start, f.b.char_end)]))
+            pair = (f.rule, frozenset([(f.a.span.char_start, f.a.span.char_end), (f.b.span.char_start, f.b.span.char_end)]))
             if pair in seen:  # both sides are the same statements: each finding comes twice
                 continue
             seen.add(pair)
-            where = f"{_section_name(doc, f.a.char_start or 0)} vs {_section_name(doc, f.b.char_start or 0)}"
+            where = f"{_section_name(doc, f.a.span.char_start or 0)} vs {_section_name(doc, f.b.span.char_start or 0)}"
             if len(docs) > 1:
                 where = f"{names[doc_id]}: {where}"
-            if (f.rule, f.a.char_start) in seen or (f.rule, f.b.char_start) in seen:
+            if (f.rule, f.a.span.char_start) in seen or (f.rule, f.b.span.char_start) in seen:
                 continue  # one finding per rule and sentence: the rest say the same of it
-            seen.update({(f.rule, f.a.char_start), (f.rule, f.b.char_start)})
+            seen.update({(f.rule, f.a.span.char_start), (f.rule, f.b.span.char_start)})
             why = f.text.split("] ", 1)[1]
             first = min((i for i in (why.find(_SIDE_A), why.find(_SIDE_B)) if i >= 0), default=-1)
             if first >= 0:  # whichever side the rule names first is "one statement"
@@ -895,8 +896,8 @@ def reverify(c: Citation, docs: Mapping[str, Document]) -> bool:
     doc = docs.get(c.doc_id)
     if doc is None or not c.verified:
         return False
-    span = CitedSpan(start=0, end=0, doc_id=c.doc_id, page=c.page, element_id=c.element_id,
-                     line_start=c.line_start, line_end=c.line_end, quote=c.quote)
+    span = CitedSpan(start=0, end=0, doc_id=c.doc_id, quote=c.quote,
+                     span=c.span.model_copy(update={"char_start": None, "char_end": None}))
     v = verify(span, docs, c.doc_id)
     return v.verified and not v.relocated
 
@@ -927,8 +928,8 @@ def first_sentences(doc: Document) -> Summary:
     headings = _heading_lines(doc)
     out, seen = [], set()
     for s in doc.sections:
-        for p in doc.pages[s.page_start - 1 : s.page_end]:
-            lo, hi = max(p.start, s.char_start), min(p.end, s.char_end)
+        for p in doc.pages[s.span.page - 1 : s.span.page_end]:
+            lo, hi = max(p.start, s.span.char_start), min(p.end, s.span.char_end)
             first = None
             for x in (sentences(doc, [(lo, hi)]) if hi > lo else []):
                 a, b = _trim(doc, max(x.start, lo), x.end, headings)

@@ -30,7 +30,7 @@ import re
 from bisect import bisect_right
 from collections import Counter
 
-from ..document import Anchor, Document, Section
+from ..document import Anchor, Document, Section, Span
 from .sections import CN_NUM, chinese_to_int, looks_like_title, section_key
 from ..textnorm import normalize
 
@@ -389,14 +389,14 @@ class _Ctx:
     def __init__(self, doc: Document):
         self.doc = doc
         self.sections = doc.sections
-        self.starts = [s.char_start for s in self.sections]
+        self.starts = [s.span.char_start for s in self.sections]
 
     def section_at(self, offset: int) -> Section | None:
         """The innermost section holding `offset`."""
         i = bisect_right(self.starts, offset) - 1
         while i >= 0:
             s = self.sections[i]
-            if s.char_start <= offset < s.char_end:
+            if s.span.char_start <= offset < s.span.char_end:
                 return s
             # an earlier section may still hold it if `s` was a sibling that ended
             i = self._parent_index(s)
@@ -410,8 +410,8 @@ class _Ctx:
     def anchor(self, type_, text, value, start, end, subtype=None, target=None) -> Anchor:
         loc = self.doc.locate(start)
         sec = self.section_at(start)
-        return Anchor(type=type_, text=text, value=value, subtype=subtype, char_start=start,
-                      char_end=end, page=loc.page, line=loc.line,
+        return Anchor(type=type_, text=text, value=value, subtype=subtype,
+                      span=Span(page=loc.page, line_start=loc.line, line_end=loc.line, char_start=start, char_end=end),
                       section_id=sec.id if sec else None, target_section_id=target)
 
 
@@ -427,7 +427,7 @@ def tag_anchors(doc: Document) -> list[Anchor]:
     out += _logic(ctx, text)
     out += _topics(ctx, text)
     out += _paper(ctx, doc)
-    out.sort(key=lambda a: (a.char_start, a.char_end, a.type))
+    out.sort(key=lambda a: (a.span.char_start, a.span.char_end, a.type))
     return out
 
 
@@ -657,7 +657,7 @@ class _Resolver:
 
 def _clauses(ctx: _Ctx, text: str) -> list[Anchor]:
     resolver = _Resolver(ctx.sections)
-    heading_lines = sorted((s.char_start, _line_end(text, s.char_start)) for s in ctx.sections)
+    heading_lines = sorted((s.span.char_start, _line_end(text, s.span.char_start)) for s in ctx.sections)
     hl_starts = [a for a, _ in heading_lines]
 
     def in_heading(pos: int) -> bool:
@@ -763,11 +763,11 @@ def _topics(ctx: _Ctx, text: str, per_unit: int = 3) -> list[Anchor]:
             if s.parent_id:
                 children.setdefault(s.parent_id, []).append(s)
         for s in secs:
-            spans, pos = [], s.char_start
+            spans, pos = [], s.span.char_start
             for c in children.get(s.id, []):
-                spans.append((pos, c.char_start))
-                pos = c.char_end
-            spans.append((pos, s.char_end))
+                spans.append((pos, c.span.char_start))
+                pos = c.span.char_end
+            spans.append((pos, s.span.char_end))
             units.append((s.id, [(a, b) for a, b in spans if b > a]))
     else:
         units = [(None, [(p.start, p.end)]) for p in ctx.doc.pages]

@@ -14,7 +14,7 @@ import re
 from bisect import bisect_right
 from typing import Callable
 
-from ..document import Chunk, Document
+from ..document import Chunk, Document, Span
 
 __all__ = ["SEGMENT_TOKENS", "make_segments", "approx_tokens"]
 
@@ -118,7 +118,7 @@ def make_segments(
 
 def _break_priorities(doc: Document, lines) -> list[int]:
     """How good a place the start of line i is to begin a new segment."""
-    section_starts = {s.char_start for s in doc.sections}
+    section_starts = {s.span.char_start for s in doc.sections}
     prio = [_LINE] * (len(lines) + 1)
     for i in range(1, len(lines)):
         page, ln = lines[i]
@@ -141,6 +141,6 @@ def _segment(doc: Document, index: int, start: int, end: int, count, tokens) -> 
     while last_char > start and doc.text[last_char - 1] in "\n\f":
         last_char -= 1
     last = doc.locate(max(start, last_char - 1))
-    return Chunk(index=index, char_start=start, char_end=end, page_start=first.page,
-                   line_start=first.line, page_end=last.page, line_end=last.line,
-                   token_count=count(text) if tokens is None else tokens, text=text)
+    return Chunk(index=index, span=Span(page=first.page, page_end=last.page, line_start=first.line,
+                                        line_end=last.line, char_start=start, char_end=end),
+                 token_count=count(text) if tokens is None else tokens, text=text)

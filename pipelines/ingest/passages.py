@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..document import Document, Passage, Section
+from ..document import Document, Passage, Section, Span
 
 TARGET_CHARS = 400  # about a paragraph; long enough for bm25, short enough to cite
 MAX_CHARS = 1000
@@ -23,8 +23,8 @@ def _ends_paragraph(text: str) -> bool:
 
 def make_passages(doc: Document) -> list[Passage]:
     out: list[Passage] = []
-    sec_starts = [(s.char_start, s.id) for s in doc.sections]
-    heading_at = {s.char_start for s in doc.sections}
+    sec_starts = [(s.span.char_start, s.id) for s in doc.sections]
+    heading_at = {s.span.char_start for s in doc.sections}
     for page in doc.pages:
         body = [ln for ln in page.lines if ln.role == "body" and ln.text.strip()]
         group: list = []
@@ -44,12 +44,8 @@ def make_passages(doc: Document) -> list[Passage]:
                     Passage(
                         doc_id=doc.doc_id,
                         index=len(out),
-                        page=page.n,
-                        element_id=page.label,
-                        line_start=a.n,
-                        line_end=b.n,
-                        char_start=a.start,
-                        char_end=b.end,
+                        span=Span(page=page.n, element_id=page.label, line_start=a.n, line_end=b.n,
+                                  char_start=a.start, char_end=b.end),
                         text=doc.text[a.start : b.end],
                         section_id=sid,
                     )

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..document import Document, RawSection, Section
+from ..document import Document, RawSection, Section, Span
 
 __all__ = ["detect_sections", "section_key", "chinese_to_int", "roman_to_int", "looks_like_title"]
 
@@ -405,17 +405,18 @@ def _from_raw(doc: Document, raw: list[RawSection]) -> list[Section]:
 def _section(doc, i, number, title, level, parent, start, end, element_id=None) -> Section:
     loc = doc.locate(start)
     return Section(id=f"s{i + 1}", number=number, title=title, level=level, parent_id=parent,
-                   char_start=start, char_end=end, page_start=loc.page, line_start=loc.line,
-                   page_end=loc.page, line_end=loc.line, element_id=element_id)
+                   span=Span(page=loc.page, page_end=loc.page, element_id=element_id, line_start=loc.line,
+                             line_end=loc.line, char_start=start, char_end=end))
 
 
 def _with_end(doc: Document, s: Section, end: int) -> Section:
     # The separator before the next heading belongs to no line; step back over it.
     last = end
-    while last > s.char_start and doc.text[last - 1] in "\n\f":
+    while last > s.span.char_start and doc.text[last - 1] in "\n\f":
         last -= 1
-    loc = doc.locate(max(s.char_start, last - 1))
-    return s.model_copy(update={"char_end": end, "page_end": loc.page, "line_end": loc.line})
+    loc = doc.locate(max(s.span.char_start, last - 1))
+    return s.model_copy(update={"span": s.span.model_copy(update={"char_end": end, "page_end": loc.page,
+                                                                   "line_end": loc.line})})
 
 
 def _from_lines(doc: Document) -> list[Section]:
