@@ -48,21 +48,7 @@ GLM4_MOE = {"glm4_moe": dict(attention_bias=True), "glm4_moe-plain": dict(attent
 
 def tiny_glm(path, kind: str):
     """HF's model and our Triton engine over the same random checkpoint."""
-    if kind in GLM4_MOE:
-        torch.manual_seed(0)
-        ref = transformers.AutoModelForCausalLM.from_config(tiny_config("glm4_moe", **GLM4_MOE[kind]),
-                                                            dtype=torch.float32)
-        with torch.no_grad():
-            for name, p in ref.named_parameters():
-                if "norm" in name or name.endswith("bias"):
-                    p.normal_(1.0 if "norm" in name and not name.endswith("bias") else 0.0, 0.2)
-            for name, b in ref.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    b.normal_(0.0, 0.3)
-        ref.eval()
-        ref.save_pretrained(path)
-    else:
-        ref = make_tiny_glm(path, kind)
+    ref = make_tiny_glm(path, "glm4_moe", **GLM4_MOE[kind]) if kind in GLM4_MOE else make_tiny_glm(path, kind)
     write_glm_tokenizer(path)
     from docqa.engine import Engine
 

@@ -57,9 +57,9 @@ def tiny_config(kind: str, **over):
     return cfg
 
 
-def make_tiny_glm(path, kind: str, seed: int = 0):
+def make_tiny_glm(path, kind: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), dtype=torch.float32)
     with torch.no_grad():  # random norms, biases and gate biases so those paths really count
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
