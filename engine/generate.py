@@ -156,7 +156,8 @@ class Engine:
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
         if use_triton:
             ckpt = open_checkpoint(resolve_model_path(path))
-            if ckpt.config.arch in GLM_CUDA_ARCHS and ckpt.config.fp8_block is None and has_triton():
+            # FP8 checkpoints too: their matrices stay e4m3 on the device (engine/gpu/glm.py)
+            if ckpt.config.arch in GLM_CUDA_ARCHS and has_triton():
                 from .gpu.glm import GlmCudaDecoder
 
                 dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)

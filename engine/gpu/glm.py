@@ -30,6 +30,16 @@ layers, the indexer key. Per layer:
   expert stacked as one more (kernels/moe), prefill sorts the chunk's (token, expert) pairs by
   expert and runs one grouped GEMM per projection (kernels/moe/grouped.py: no host sync).
 
+FP8 checkpoints (config.fp8_block: e4m3 + `weight_scale_inv` block scales, as the official
+GLM-5 FP8 release) keep every quantised matrix 1-byte on the GPU as an `Fp8Weight`
+(kernels/linear/naive_fp8.py: the scales expanded along rows only, 3 % more) and run the FP8
+kernels: `fp8_gemv` at decode, `fp8_matmul` in prefill (an FP8 tensor-core dot with the
+activations quantised per token and block for bf16, exact for fp32), the expert GEMVs of
+kernels/moe/triton_moe_fp8.py and `fp8_grouped_matmul` for MoE prefill. Fused projections
+whose parts mix FP8 and plain matrices (DeepSeek-V3.2's indexer weights_proj is bf16) keep
+them as runs, one product each. Only kv_b_proj is dequantised at load (to the model dtype): it
+is split per head into the absorbed W_UK / W_UV that batched products read (~1 % of a layer).
+
 Decode has no host synchronisation: `capture_decode` captures it as a CUDA graph
 (engine/gpu/model.py `GraphedDecode`), the position in a device tensor.
 """
@@ -45,6 +55,8 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ...kernels.attention.triton_topk import fused_decode_topk
 from ...kernels.dsa_index import fused_index_scores, fused_index_topk
+from ...kernels.linear.naive_fp8 import Fp8Weight, cat_rows
+from ...kernels.linear.triton_fp8 import fp8_gemv, fp8_grouped_matmul, fp8_matmul
 from ...kernels.linear.triton_gemv import fused_gemv
 from ...kernels.mla_decode import fused_mla_decode
 from ...kernels.mla_sparse import (
@@ -54,7 +66,8 @@ from ...kernels.mla_sparse import (
     store_latent_descriptors,
 )
 from ...kernels.moe import fused_moe_down, fused_moe_gate_up
-from ...kernels.moe.grouped import moe_prefill
+from ...kernels.moe.grouped import grouped_mm, moe_prefill
+from ...kernels.moe.triton_moe_fp8 import fp8_moe_down, fp8_moe_gate_up
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.sampling.triton_argmax import fused_argmax
 from ..config import ModelConfig
@@ -71,10 +84,70 @@ EXPAND_ROWS = 65536  # latents expanded to per-head keys/values per product in d
 _EXPERT = re.compile(r"layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
+def _fp8(w) -> bool:
+    return isinstance(w, Fp8Weight)
+
+
+def _plain(w, dtype: torch.dtype) -> torch.Tensor:
+    return w.dequantize(dtype) if _fp8(w) else w
+
+
+def _fuse(parts: list, dtype: torch.dtype, *, runs: bool = True):
+    """Row-concatenation of a fused projection's matrices. All FP8 or all plain: one matrix.
+    Mixed: with `runs`, a list of matrices (consecutive FP8 parts fused, plain ones fused), whose
+    outputs `_gemv` / `_mm` concatenate; without, one plain matrix (FP8 parts dequantised: the
+    SwiGLU and expert kernels read gate and up rows from one matrix)."""
+    groups: list[list] = []
+    for p in parts:
+        if groups and _fp8(p) == _fp8(groups[-1][-1]):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    if len(groups) > 1 and not runs:
+        return torch.cat([_plain(p, dtype) for p in parts])
+    fused = [cat_rows(g) if _fp8(g[0]) else torch.cat(g) for g in groups]
+    return fused[0] if len(fused) == 1 else fused
+
+
+def _stack(mats: list, dtype: torch.dtype):
+    """Experts' matrices stacked [E, rows, cols] (all FP8: weights and scales alike)."""
+    if all(_fp8(m) for m in mats):
+        return Fp8Weight(torch.stack([m.w for m in mats]), torch.stack([m.scale for m in mats]), mats[0].bk)
+    return torch.stack([_plain(m, dtype) for m in mats])
+
+
+def _cat_experts(stacked, one):
+    """[E, rows, cols] experts and one more [rows, cols] -> [E + 1, rows, cols]."""
+    if _fp8(stacked):
+        return Fp8Weight(torch.cat([stacked.w, one.w[None]]), torch.cat([stacked.scale, one.scale[None]]), stacked.bk)
+    return torch.cat([stacked, one[None]])
+
+
+def _gemv(x: torch.Tensor, w, **kw) -> torch.Tensor:
+    """Decode product x @ W^T with `fused_gemv`'s keywords, W plain, FP8 or a list of runs."""
+    if isinstance(w, list):
+        return torch.cat([_gemv(x, p, **kw) for p in w], dim=1)
+    return fp8_gemv(x, w, **kw) if _fp8(w) else fused_gemv(x, w, **kw)
+
+
+def _add_mm(x: torch.Tensor, a: torch.Tensor, w) -> torch.Tensor:
+    """x += a @ W^T in place (returned)."""
+    if _fp8(w) or isinstance(w, list):
+        return x.add_(_mm(a, w))
+    return x.addmm_(a, w.t())
+
+
+def _mm(x: torch.Tensor, w) -> torch.Tensor:
+    """Prefill product x @ W^T, W plain, FP8 or a list of runs."""
+    if isinstance(w, list):
+        return torch.cat([_mm(x, p) for p in w], dim=1)
+    return fp8_matmul(x.contiguous(), w) if _fp8(w) else x @ w.t()
+
+
 class GlmLayer:
     """One layer's tensors, fused the way the kernels read them."""
 
-    def __init__(self, config: ModelConfig, i: int, take, experts: dict):
+    def __init__(self, config: ModelConfig, i: int, take, experts: dict, dtype: torch.dtype):
         c, m = config, config.mla
         p, a = f"layers.{i}.", f"layers.{i}.self_attn."
         self.ln1, self.ln2 = take(p + "input_layernorm.weight"), take(p + "post_attention_layernorm.weight")
@@ -87,20 +160,21 @@ class GlmLayer:
         if self.full:
             parts += [take(a + "indexer.wk.weight"), take(a + "indexer.weights_proj.weight")]
             self.ik_norm = (take(a + "indexer.k_norm.weight"), take(a + "indexer.k_norm.bias"))
-        self.wa = torch.cat(parts)
+        rows = sum(p.shape[0] for p in parts)
+        self.wa = _fuse(parts, dtype)
         del parts
         self.ba = None
         if biases[0] is not None:
-            zeros = self.wa.new_zeros(self.wa.shape[0] - sum(b.shape[0] for b in biases))
+            zeros = biases[0].new_zeros(rows - sum(b.shape[0] for b in biases))
             self.ba = torch.cat([*biases, zeros])
         self.q_a_norm = take(a + "q_a_layernorm.weight")
         self.kv_a_norm = take(a + "kv_a_layernorm.weight")
         # what reads the q residual: [q_b | indexer queries]
         wb = [take(a + "q_b_proj.weight")] + ([take(a + "indexer.wq_b.weight")] if self.full else [])
-        self.wb = torch.cat(wb) if len(wb) > 1 else wb[0]
+        self.wb = _fuse(wb, dtype)
         del wb
         h, nope, vd, r = c.n_heads, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
-        w = take(a + "kv_b_proj.weight").view(h, nope + vd, r)  # [H (nope + v), R]
+        w = _plain(take(a + "kv_b_proj.weight"), dtype).view(h, nope + vd, r)  # [H (nope + v), R]
         self.w_uk = w[:, :nope].contiguous()  # [H, nope, R]: q_lat = q_nope W_UK
         self.w_uv = w[:, nope:].contiguous()  # [H, v, R]: dense prefill expands values with it
         self.w_uv_t = w[:, nope:].transpose(1, 2).contiguous()  # [H, R, v]: o = o_lat W_UV^T
@@ -109,7 +183,7 @@ class GlmLayer:
         mp = p + "mlp."
         self.moe = c.moe is not None and c.moe.layer_types[i] == "sparse"
         if not self.moe:
-            self.w13 = torch.cat([take(mp + "gate_proj.weight"), take(mp + "up_proj.weight")])
+            self.w13 = _fuse([take(mp + "gate_proj.weight"), take(mp + "up_proj.weight")], dtype, runs=False)
             self.w2 = take(mp + "down_proj.weight")
             return
         e = c.moe
@@ -118,19 +192,21 @@ class GlmLayer:
         w13, w2 = take(mp + "experts.gate_up_proj", None), take(mp + "experts.down_proj", None)
         if w13 is None:  # one tensor per expert (older transformers): stack this layer's
             per = experts.pop(i)
-            w13 = torch.stack([torch.cat([per[j]["gate"], per[j]["up"]]) for j in range(e.n_routed)])
-            w2 = torch.stack([per[j]["down"] for j in range(e.n_routed)])
+            w13 = _stack([_fuse([per[j]["gate"], per[j]["up"]], dtype, runs=False) for j in range(e.n_routed)], dtype)
+            w2 = _stack([per[j]["down"] for j in range(e.n_routed)], dtype)
             del per
         sg, su, sd = (take(mp + f"shared_experts.{n}_proj.weight") for n in ("gate", "up", "down"))
+        shared13 = _fuse([sg, su], dtype, runs=False)
         self.shared_id = None
-        if e.n_shared == 1:  # the shared expert is one more stacked expert, weight 1, at id n_routed
-            self.w13 = torch.cat([w13, torch.cat([sg, su])[None]])
+        if e.n_shared == 1 and _fp8(w13) == _fp8(shared13) == _fp8(w2) == _fp8(sd):
+            # the shared expert is one more stacked expert, weight 1, at id n_routed
+            self.w13 = _cat_experts(w13, shared13)
             del w13
-            self.w2 = torch.cat([w2, sd[None]])
+            self.w2 = _cat_experts(w2, sd)
             del w2
-        else:  # a wider shared MLP runs on its own
+        else:  # a wider shared MLP (or one stored otherwise than the experts) runs on its own
             self.w13, self.w2 = w13, w2
-            self.shared_w13, self.shared_w2 = torch.cat([sg, su]), sd
+            self.shared_w13, self.shared_w2 = shared13, sd
 
 
 class GlmCudaState(KVStateBase):
@@ -215,6 +291,10 @@ class GlmCudaDecoder:
         self.config = c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
+        if c.fp8_block is not None:  # each e4m3 matrix with its block scales, kept 1-byte
+            for name in [n for n in t if n.endswith("_scale_inv")]:  # X.weight_scale_inv (and stacked experts')
+                w = name.removesuffix("_scale_inv")
+                t[w] = Fp8Weight.from_blocks(t.pop(w), t.pop(name), c.fp8_block)
         experts: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
         for name in [n for n in t if _EXPERT.fullmatch(n)]:
             g = _EXPERT.fullmatch(name)
@@ -226,7 +306,7 @@ class GlmCudaDecoder:
             return t.pop(name, *default)
 
         self.embed = take("embed_tokens.weight")
-        self.layers = [GlmLayer(c, i, take, experts) for i in range(c.n_layers)]
+        self.layers = [GlmLayer(c, i, take, experts, self.embed.dtype) for i in range(c.n_layers)]
         self.norm = take("norm.weight")
         head = t.pop("lm_head.weight", None)
         self.lm_head = self.embed if c.tie_embeddings or head is None else head
@@ -249,12 +329,18 @@ class GlmCudaDecoder:
 
     def nbytes(self) -> int:
         seen, total = set(), 0
+
+        def walk(x):  # tensors, and the tuples / lists holding them (norm pairs, Fp8Weight, runs)
+            nonlocal total
+            if isinstance(x, (tuple, list)):
+                for y in x:
+                    walk(y)
+            elif isinstance(x, torch.Tensor) and x.data_ptr() not in seen:
+                seen.add(x.data_ptr())
+                total += x.numel() * x.element_size()
+
         for obj in [self, *self.layers]:
-            for x in vars(obj).values():
-                for y in (x if isinstance(x, tuple) else (x,)):
-                    if isinstance(y, torch.Tensor) and y.data_ptr() not in seen:
-                        seen.add(y.data_ptr())
-                        total += y.numel() * y.element_size()
+            walk(list(vars(obj).values()))
         return total
 
     def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None, *, dsa: bool = True):
@@ -298,15 +384,15 @@ class GlmCudaDecoder:
         """-> (a = [q_a | latent | indexer key | indexer weights] of the normed x, b = [q | indexer q])."""
         c = self.config
         if decode:
-            a = fused_gemv(x, ly.wa, norm_weight=ly.ln1, eps=c.rms_eps)
+            a = _gemv(x, ly.wa, norm_weight=ly.ln1, eps=c.rms_eps)
             if ly.ba is not None:
                 a = a + ly.ba
-            b = fused_gemv(a[:, : self.qr], ly.wb, norm_weight=ly.q_a_norm, eps=LATENT_NORM_EPS)
+            b = _gemv(a[:, : self.qr], ly.wb, norm_weight=ly.q_a_norm, eps=LATENT_NORM_EPS)
         else:
-            a = fused_rms_norm(x, ly.ln1, c.rms_eps) @ ly.wa.t()
+            a = _mm(fused_rms_norm(x, ly.ln1, c.rms_eps), ly.wa)
             if ly.ba is not None:
                 a += ly.ba
-            b = fused_rms_norm(a[:, : self.qr].contiguous(), ly.q_a_norm, LATENT_NORM_EPS) @ ly.wb.t()
+            b = _mm(fused_rms_norm(a[:, : self.qr].contiguous(), ly.q_a_norm, LATENT_NORM_EPS), ly.wb)
         return a, b
 
     def _latent(self, ly: GlmLayer, a: torch.Tensor, rot) -> torch.Tensor:
@@ -414,33 +500,37 @@ class GlmCudaDecoder:
         c = self.config
         if not ly.moe:
             if decode:
-                act = fused_gemv(x, ly.w13, norm_weight=ly.ln2, eps=c.rms_eps, swiglu=True)
-                return fused_gemv(act, ly.w2, residual=x)
-            gu = fused_rms_norm(x, ly.ln2, c.rms_eps) @ ly.w13.t()
+                act = _gemv(x, ly.w13, norm_weight=ly.ln2, eps=c.rms_eps, swiglu=True)
+                return _gemv(act, ly.w2, residual=x)
+            gu = _mm(fused_rms_norm(x, ly.ln2, c.rms_eps), ly.w13)
             n = gu.shape[1] // 2
-            return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.w2.t())
+            return _add_mm(x, F.silu(gu[:, :n]) * gu[:, n:], ly.w2)
         e = c.moe
         h = fused_rms_norm(x, ly.ln2, c.rms_eps)
         ids, wts = route(h, ly.gate_w, ly.gate_b, top_k=e.top_k, n_group=e.n_group, topk_group=e.topk_group,
                          norm_topk_prob=e.norm_topk_prob, routed_scaling=e.routed_scaling)
         stacked_shared = not hasattr(ly, "shared_w13")
+        mm = fp8_grouped_matmul if _fp8(ly.w13) else grouped_mm
         if decode:
             ids, wts = ids[0], wts[0]
             if stacked_shared:
                 ids, wts = torch.cat((ids, self._shared)), torch.cat((wts, self._one))
-            x = fused_moe_down(fused_moe_gate_up(h, ly.w13, ids), ly.w2, ids, wts, residual=x)
+            if _fp8(ly.w13):
+                x = fp8_moe_down(fp8_moe_gate_up(h, ly.w13, ids), ly.w2, ids, wts, residual=x)
+            else:
+                x = fused_moe_down(fused_moe_gate_up(h, ly.w13, ids), ly.w2, ids, wts, residual=x)
             if not stacked_shared:
-                x = fused_gemv(fused_gemv(h, ly.shared_w13, swiglu=True), ly.shared_w2, residual=x)
+                x = _gemv(_gemv(h, ly.shared_w13, swiglu=True), ly.shared_w2, residual=x)
             return x
         if stacked_shared:  # the shared expert as one more column of every token, weight 1
             t = ids.shape[0]
             ids = torch.cat((ids, self._shared.expand(t, 1)), dim=1)
             wts = torch.cat((wts, self._one.expand(t, 1)), dim=1)
-            return moe_prefill(h, ly.w13, ly.w2, ids, wts, x)
-        x = moe_prefill(h, ly.w13, ly.w2, ids, wts, x)
-        gu = h @ ly.shared_w13.t()
+            return moe_prefill(h, ly.w13, ly.w2, ids, wts, x, mm=mm)
+        x = moe_prefill(h, ly.w13, ly.w2, ids, wts, x, mm=mm)
+        gu = _mm(h, ly.shared_w13)
         n = gu.shape[1] // 2
-        return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.shared_w2.t())
+        return _add_mm(x, F.silu(gu[:, :n]) * gu[:, n:], ly.shared_w2)
 
     # --- prefill --------------------------------------------------------------------------------
     def _prefill_layer(self, i: int, x: torch.Tensor, kv: GlmCudaState, p0: int, rot, indices):
@@ -465,13 +555,13 @@ class GlmCudaDecoder:
             o = self._out(ly, self._routed_prefill_attention(q_abs, kv, i, p0))
         else:
             o = self._dense_prefill_attention(ly, q_nope, q_rot, kv, i, end)
-        x = x.addmm_(o, ly.wo.t())
+        x = _add_mm(x, o, ly.wo)
         if ly.bo is not None:
             x += ly.bo
         return self._mlp(ly, x, decode=False), indices
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return (fused_rms_norm(x, self.norm, self.config.rms_eps) @ self.lm_head.t()).float()
+        return _mm(fused_rms_norm(x, self.norm, self.config.rms_eps), self.lm_head).float()
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, kv: GlmCudaState, p0: int = 0, *, chunk: int | None = None,
@@ -540,11 +630,11 @@ class GlmCudaDecoder:
                 o_lat = fused_mla_decode(q_abs, kv.kv[i], length, self.r, self.scale,
                                          indices=indices if kv.dsa else None)
             o = self._out(ly, o_lat)
-            x = fused_gemv(o, ly.wo, residual=x)
+            x = _gemv(o, ly.wo, residual=x)
             if ly.bo is not None:
                 x = x + ly.bo
             x = self._mlp(ly, x, decode=True)
-        out = fused_gemv(x, self.lm_head, norm_weight=self.norm, eps=self.config.rms_eps)
+        out = _gemv(x, self.lm_head, norm_weight=self.norm, eps=self.config.rms_eps)
         if logits is not None:
             logits.copy_(out)
         fused_argmax(out, out=tok)
