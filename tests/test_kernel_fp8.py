@@ -30,7 +30,8 @@ E4M3_ERR = 0.06  # e4m3 has 3 mantissa bits: ~2^-4 relative per element
 
 @pytest.fixture(autouse=True)
 def _few_configs(monkeypatch):
-    """Correctness, not speed, on the GPU: two configs per autotuned kernel."""
+    """Correctness, not speed, on the GPU: two configs per autotuned kernel, the first and
+    the last of its list (different tile shapes)."""
     if not has_triton() or interpreting():
         return
     from docqa.kernels.linear import triton_fp8
@@ -38,7 +39,7 @@ def _few_configs(monkeypatch):
 
     for kernel in (triton_fp8._fp8_gemv_kernel, triton_fp8._mm, triton_fp8._grouped,
                    triton_moe_fp8._fp8_moe_gate_up_kernel, triton_moe_fp8._fp8_moe_down_kernel):
-        monkeypatch.setattr(kernel, "configs", kernel.configs[-2:])
+        monkeypatch.setattr(kernel, "configs", [kernel.configs[0], kernel.configs[-1]])
 
 
 def quantize_blocks(w: torch.Tensor, block: tuple[int, int]):

@@ -4,8 +4,9 @@ ceil(in/bi)] fp32, one scale per bo x bi block (config.json: quantization_config
 {"quant_method": "fp8", "weight_block_size": [bo, bi]}), so W = W8 * scale of its block.
 
 On CPU the engine dequantises at load (`dequantize_blocks`) and runs fp32 matmuls; `fp8_linear`
-is the matmul over the stored form, dequantising one block-row of W at a time, for callers that
-keep the 1-byte weights (a GPU path would hand the same operands to an FP8 GEMM instead).
+is the matmul over the stored form, dequantising one block-row of W at a time. On CUDA the GLM
+decoder keeps the 1-byte weights (kernels/linear/naive_fp8.py `Fp8Weight`) and runs the FP8
+Triton kernels of kernels/linear/triton_fp8.py on them (engine/gpu/glm.py).
 """
 
 from __future__ import annotations
