@@ -87,7 +87,7 @@ def test_layout_and_references_match_dequantize_blocks():
 
 
 @needs_triton
-@pytest.mark.parametrize("rows, cols, block", [(96, 64, (32, 32)), (50, 200, (16, 64)), (256, 384, (128, 128))])
+@pytest.mark.parametrize("rows, cols, block", [(96, 64, (32, 32)), (50, 200, (16, 64)), (160, 320, (128, 128))])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_gemv_matches_dequantised_reference(rows, cols, block, dtype):
     from docqa.kernels.linear.triton_fp8 import fp8_gemv
@@ -100,8 +100,8 @@ def test_fp8_gemv_matches_dequantised_reference(rows, cols, block, dtype):
     got = fp8_gemv(x.to(DEVICE, dtype), wd).cpu()
     assert_close(got, (x.to(dtype).float() @ deq.t()).to(dtype), tol)
     assert_close(got.float(), x @ orig.t(), E4M3_ERR + tol, "against the unquantised weights")
-    # the fused prologue / epilogue, as naive_gemv's
-    norm = torch.rand(cols, generator=g) + 0.5
+    # the fused prologue / epilogue, as naive_gemv's (a small norm weight keeps SiLU off its tails)
+    norm = (torch.rand(cols, generator=g) + 0.5) * 0.02
     res = torch.randn(3, rows // 2, generator=g)
     got = fp8_gemv(x.to(DEVICE, dtype), wd, norm_weight=norm.to(DEVICE, dtype), eps=1e-5, swiglu=True,
                    residual=res.to(DEVICE, dtype))
@@ -111,7 +111,7 @@ def test_fp8_gemv_matches_dequantised_reference(rows, cols, block, dtype):
 
 @needs_triton
 @pytest.mark.parametrize("m, rows, cols, block", [(37, 96, 64, (32, 32)), (70, 50, 200, (16, 64)),
-                                                  (130, 256, 384, (128, 128))])
+                                                  (130, 160, 320, (128, 128))])
 def test_fp8_matmul_matches_dequantised_reference(m, rows, cols, block):
     """fp32 activations: the e4m3 weight converted in the kernel, an exact fp32 dot."""
     from docqa.kernels.linear.triton_fp8 import fp8_matmul
@@ -143,7 +143,7 @@ def test_fp8_dot_with_quantised_activations(dtype):
 
     block = (128, 128) if not interpreting() else (32, 32)
     w, deq, _ = random_fp8(192, 320, block, 4)
-    x = e4m3_exact_activations(100, 320, block[1], 4).to(dtype)
+    x = e4m3_exact_activations(40 if interpreting() else 100, 320, block[1], 4).to(dtype)
     want = naive_fp8_matmul(x, w, act_fp8=True)
     assert torch.equal(want, naive_fp8_matmul(x, w).to(dtype))  # nothing was rounded
     got = fp8_matmul(x.to(DEVICE), to_dev(w), act_fp8=True).cpu()
