@@ -112,14 +112,18 @@ def test_fp8_gemv_matches_dequantised_reference(rows, cols, block, dtype):
 @needs_triton
 @pytest.mark.parametrize("m, rows, cols, block", [(37, 96, 64, (32, 32)), (70, 50, 200, (16, 64)),
                                                   (130, 160, 320, (128, 128))])
-def test_fp8_matmul_matches_dequantised_reference(m, rows, cols, block):
-    """fp32 activations: the e4m3 weight converted in the kernel, an exact fp32 dot."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_matmul_matches_dequantised_reference(m, rows, cols, block, dtype):
+    """Without act_fp8: the e4m3 weight converted in the kernel to the activations' dtype (fp32:
+    an exact IEEE dot; bf16: a bf16 tensor-core dot, e4m3 values being exact in bf16)."""
     from docqa.kernels.linear.triton_fp8 import fp8_matmul
 
+    if dtype == torch.bfloat16 and interpreting():
+        pytest.skip("the interpreter's bf16 tl.dot is wrong (triton 3.9: a plain bf16 x bf16 dot is off by 1e10)")
     w, deq, _ = random_fp8(rows, cols, block, m)
-    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
-    got = fp8_matmul(x.to(DEVICE), to_dev(w)).cpu()
-    assert_close(got, x @ deq.t(), 1e-5)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
+    got = fp8_matmul(x.to(DEVICE), to_dev(w), act_fp8=False).cpu()
+    assert_close(got, (x.float() @ deq.t()).to(dtype), 1e-5 if dtype == torch.float32 else 1e-2)
 
 
 def e4m3_exact_activations(m: int, k: int, bk: int, seed: int) -> torch.Tensor:
@@ -191,7 +195,7 @@ def test_fp8_moe_gemvs_match_dequantised_reference():
     w13 = Fp8Weight(torch.stack([p.w for p in w13]), torch.stack([p.scale for p in w13]), 32)
     w2 = Fp8Weight(torch.stack([p.w for p in w2]), torch.stack([p.scale for p in w2]), 32)
     g = torch.Generator().manual_seed(6)
-    x = torch.randn(1, h, generator=g)
+    x = torch.randn(1, h, generator=g) * 0.1  # SiLU off its tails
     ids = torch.tensor([5, 1, 3, 0])
     wts = torch.rand(4, generator=g)
     res = torch.randn(1, h, generator=g)

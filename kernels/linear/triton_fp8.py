@@ -171,11 +171,12 @@ def _fp8_mm_kernel(
 
 # stages x (BLOCK_M x bk activations (2 B) + BLOCK_N x bk weights (1 B)) of shared memory: the
 # largest here, 128 x 128 at 4 stages, is 192 KiB of the H200's 227; configs that do not fit
-# (fp32 activations) are skipped by the autotuner
+# (fp32 activations) are skipped by the autotuner. BLOCK_M >= 64 everywhere: Hopper's wgmma
+# (FP8 included) works on 64-row warpgroup tiles
 _MM_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1)] if interpreting() else [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=st)
     for bm, bn, nw, st in ((128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4),
-                           (128, 256, 8, 3), (32, 64, 4, 2))
+                           (128, 256, 8, 3), (64, 64, 4, 2))
 ]
 GROUP_BLOCK_M = 16 if interpreting() else 64  # fixed: the host builds the tile map with it
 _GROUPED_CONFIGS = [triton.Config({"BLOCK_N": 16}, num_warps=1)] if interpreting() else [
