@@ -18,7 +18,7 @@ from ..linear.naive_fp8 import Fp8Weight
 
 _CONFIGS = [triton.Config({"BLOCK_N": 4, "SUB": 2}, num_warps=1)] if interpreting() else [
     triton.Config({"BLOCK_N": bn, "SUB": sub}, num_warps=nw, num_stages=st)
-    for bn, sub, nw in ((2, 8, 4), (4, 4, 4), (4, 8, 8), (8, 2, 4), (8, 4, 8), (16, 2, 8), (32, 1, 8))
+    for bn, sub, nw in ((2, 8, 4), (4, 4, 4), (8, 2, 4), (8, 4, 8), (16, 2, 8))
     for st in (2, 4)
 ]
 
