@@ -500,7 +500,8 @@ def run_glm5_fp8(a, device, tokenizer_dir, work) -> None:
         m = engine.model
         ends = sum(t.numel() * t.element_size() for t in {id(t): t for t in (m.embed, m.lm_head)}.values())
         r[f"{name}_weights_GiB"] = float(f"{m.nbytes() / 2**30:.4g}")
-        r[f"{name}_layer_weights_GiB"] = float(f"{(m.nbytes() - ends) / 2**30:.4g}")  # without embeddings and head (bf16 in both)
+        # without embeddings and head (bf16 in both)
+        r[f"{name}_layer_weights_GiB"] = float(f"{(m.nbytes() - ends) / 2**30:.4g}")
         say(f"   {name}: weights on the device {r[f'{name}_weights_GiB']} GiB, "
             f"{r[f'{name}_layer_weights_GiB']} GiB without embeddings and head")
         for n in a.fp8_contexts:
