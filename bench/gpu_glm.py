@@ -24,12 +24,18 @@ does (engine/gpu/glm.py `GlmCudaDecoder`), and timed:
     per layer and mode) the cost of one chunk at the context's middle and at its end is timed on
     a cache filled with random latents, and the whole prefill estimated as (N / chunk) x the
     middle chunk (a chunk's cost is affine in its position) — labelled "_est".
+(c) with --parts glm5-fp8: the same GLM-5 shape in FP8 as the official GLM-5 FP8 checkpoints
+    store it (every linear layer's matrix e4m3 with a scale per 128 x 128 block, experts one
+    matrix each; written here by quantising the random bf16 checkpoint, `quantize_blocks`), and
+    the bf16 checkpoint it came from, each loaded and timed in this run (DSA at --fp8-contexts):
+    decode ms/token, prefill s, weight GiB on the GPU, and FP8 / bf16 ratios.
 
 Exits non-zero when a stage fails; prints JSON (and writes it with --json).
 
     python3 bench/gpu_glm.py --json /tmp/out/gpu_glm.json            (on the H200, ~6 min)
     python3 bench/gpu_glm.py --smoke   (the same code on the CPU at tiny sizes under the Triton
                                         interpreter: ~5 min on an idle core, mostly decode steps)
+    python3 bench/gpu_glm.py --parts glm5-fp8 --json /tmp/out/gpu_glm_fp8.json   (FP8 vs bf16 only)
 """
 
 from __future__ import annotations
@@ -430,10 +436,105 @@ def run_glm5(a, device, tokenizer_dir, work) -> None:
     shutil.rmtree(ckpt, ignore_errors=True)
 
 
+def write_fp8_checkpoint(src: Path, dst: Path, block: tuple[int, int], device: torch.device) -> None:
+    """src's bf16 checkpoint in the official FP8 layout: each linear layer's matrix (`*proj.weight`,
+    stacked experts split into one matrix per expert as the release stores them) as e4m3 plus
+    `weight_scale_inv` per block; embeddings, norms, gate and the indexer's weights_proj as they are."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from docqa.engine.models.fp8 import quantize_blocks
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for k, f in enumerate(sorted(src.glob("*.safetensors"))):
+        out = {}
+        with safe_open(str(f), framework="pt", device=str(device)) as sf:
+            for name in sf.keys():
+                t = sf.get_tensor(name)
+                stacked = name.endswith(("experts.gate_up_proj", "experts.down_proj"))
+                if stacked:  # [E, rows, cols] -> experts.{j}.{gate,up,down}_proj.weight
+                    base = name.rsplit(".", 1)[0]
+                    for j in range(t.shape[0]):
+                        pieces = zip(("gate", "up"), t[j].chunk(2)) if name.endswith("gate_up_proj") else [("down", t[j])]
+                        for kind, w in pieces:
+                            w8, scale = quantize_blocks(w, block)
+                            out[f"{base}.{j}.{kind}_proj.weight"] = w8.cpu()
+                            out[f"{base}.{j}.{kind}_proj.weight_scale_inv"] = scale.cpu()
+                elif name.endswith("proj.weight") and "weights_proj" not in name and t.dim() == 2:
+                    w8, scale = quantize_blocks(t, block)
+                    out[name], out[name + "_scale_inv"] = w8.cpu(), scale.cpu()
+                else:
+                    out[name] = t.cpu()
+                del t
+        save_file(out, str(dst / f"model-{k:05d}.safetensors"))
+        del out
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": list(block)}
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "generation_config.json":
+            shutil.copy(f, dst / f.name)
+    say(f"   wrote {dst} ({sum(f.stat().st_size for f in dst.glob('*.safetensors')) / 2**30:.1f} GiB)")
+
+
+def run_glm5_fp8(a, device, tokenizer_dir, work) -> None:
+    """The GLM-5 shape, FP8 against its own bf16 weights, DSA, in one run."""
+    r = RESULTS["glm5-fp8"] = {"shape": dict(a.glm5_shape), "block": [128, 128]}
+    src, dst = work / "glm5-shape-bf16", work / "glm5-shape-fp8"
+    if a.glm5_writer == "transformers" or (a.glm5_writer == "auto" and transformers_writes_glm5()):
+        stage("glm5-fp8: write bf16 checkpoint (transformers)", write_checkpoint, "glm5", a.glm5_shape, src,
+              tokenizer_dir, device, max(a.fp8_contexts) + 8192)
+    else:
+        stage("glm5-fp8: write bf16 checkpoint (by hand)", write_glm5_by_hand, a.glm5_shape, src, tokenizer_dir,
+              device, max(a.fp8_contexts) + 8192)
+    if not (src / "config.json").exists():
+        return
+    stage("glm5-fp8: quantise to FP8 (128 x 128 blocks)", write_fp8_checkpoint, src, dst, (128, 128), device)
+    for name, path in (("fp8", dst), ("bf16", src)):
+        if not (path / "config.json").exists():
+            continue
+        engine = stage(f"glm5-fp8: Engine.load {name}", load_engine, path, device)
+        if engine is None:
+            continue
+        m = engine.model
+        ends = sum(t.numel() * t.element_size() for t in {id(t): t for t in (m.embed, m.lm_head)}.values())
+        r[f"{name}_weights_GiB"] = float(f"{m.nbytes() / 2**30:.4g}")
+        # without embeddings and head (bf16 in both)
+        r[f"{name}_layer_weights_GiB"] = float(f"{(m.nbytes() - ends) / 2**30:.4g}")
+        say(f"   {name}: weights on the device {r[f'{name}_weights_GiB']} GiB, "
+            f"{r[f'{name}_layer_weights_GiB']} GiB without embeddings and head")
+        for n in a.fp8_contexts:
+            res = stage(f"glm5-fp8: {name} dsa @ {n}", layer_figures, engine, n, True, chunk=a.chunk,
+                        full_max=a.full_prefill_max, steps=a.decode_steps)
+            r[f"{name}_{n}"] = res
+            if res:
+                pre = res.get("prefill_s", res.get("prefill_s_est"))
+                say(f"   {name} @ {n}: decode {res['decode_step_ms']:.3f} ms/token, prefill {pre:.2f} s")
+            dump(a.json)
+        del engine
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if r.get("fp8_weights_GiB") and r.get("bf16_weights_GiB"):
+        r["weights_fp8_over_bf16"] = ratio(r["fp8_weights_GiB"], r["bf16_weights_GiB"])
+        r["layer_weights_fp8_over_bf16"] = ratio(r["fp8_layer_weights_GiB"], r["bf16_layer_weights_GiB"])
+    for n in a.fp8_contexts:
+        f, b = r.get(f"fp8_{n}"), r.get(f"bf16_{n}")
+        if f and b:
+            key = "prefill_s" if "prefill_s" in f else "prefill_s_est"
+            r[f"fp8_over_bf16_{n}"] = {"decode": ratio(f["decode_step_ms"], b["decode_step_ms"]),
+                                       "prefill": ratio(f[key], b[key]), "weights": r.get("weights_fp8_over_bf16"),
+                                       "layer_weights": r.get("layer_weights_fp8_over_bf16")}
+            say(f"   FP8 / bf16 @ {n}: {r[f'fp8_over_bf16_{n}']}")
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.rmtree(dst, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
-    ap.add_argument("--parts", nargs="+", default=["flash", "glm5"], choices=["flash", "glm5"])
+    ap.add_argument("--parts", nargs="+", default=["flash", "glm5"], choices=["flash", "glm5", "glm5-fp8"],
+                    help="glm5-fp8 (not by default): the GLM-5 shape in FP8 vs bf16")
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072], help="GLM-4.7-Flash contexts")
     ap.add_argument("--dense-contexts", type=int, nargs="*", default=[32768],
                     help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
@@ -443,6 +544,7 @@ def main() -> None:
                     help="HF transformers contexts on the GLM-4.7-Flash shape (none: skip HF)")
     ap.add_argument("--dsa-contexts", type=int, nargs="+", default=[131072, 1048576])
     ap.add_argument("--glm5-layers", type=int, default=4)
+    ap.add_argument("--fp8-contexts", type=int, nargs="+", default=[131072], help="contexts of --parts glm5-fp8")
     ap.add_argument("--glm5-writer", default="auto", choices=["auto", "transformers", "by-hand"],
                     help="auto: transformers when its GlmMoeDsaConfig takes indexer_types, else by hand")
     ap.add_argument("--chunk", type=int, default=4096, help="prefill chunk of the GLM-5 per-layer figures")
@@ -459,6 +561,7 @@ def main() -> None:
     if a.smoke:
         a.flash_shape, a.glm5_shape = dict(SMOKE_FLASH), dict(SMOKE_GLM5)
         a.contexts, a.hf_contexts, a.dsa_contexts, a.dense_contexts, a.check_context = [80], [80], [48, 96], [80], 80
+        a.fp8_contexts = [48]
         a.chunk, a.full_prefill_max, a.decode_steps, a.question_tokens, a.decode_tokens = 32, 48, 2, 8, 4
     from docqa.kernels.gpu import device_summary, has_cuda
 
@@ -487,6 +590,8 @@ def main() -> None:
         run_flash(a, device, tokenizer_dir, work)
     if "glm5" in a.parts:
         run_glm5(a, device, tokenizer_dir, work)
+    if "glm5-fp8" in a.parts:
+        run_glm5_fp8(a, device, tokenizer_dir, work)
     RESULTS["total_s"] = round(time.time() - t0, 1)
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)

@@ -180,8 +180,9 @@ def _hf_tensors(path: Path, dtype: torch.dtype, device: torch.device) -> dict[st
         with safe_open(str(f), framework="pt", device=str(device)) as sf:
             for name in sf.keys():
                 t = sf.get_tensor(name)
-                # FP8 weights stay 1-byte here; their block scales are applied by the model.
-                out[name] = t if t.dtype in (dtype, torch.float8_e4m3fn) else t.to(dtype)
+                # FP8 weights stay 1-byte here, their block scales fp32; the model applies them.
+                keep = t.dtype in (dtype, torch.float8_e4m3fn) or name.endswith("_scale_inv")
+                out[name] = t if keep else t.to(dtype)
     return out
 
 

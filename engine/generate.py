@@ -88,7 +88,7 @@ def _tokenizer_of(ckpt: Checkpoint) -> Tokenizer:
 
 KERNELS = ("auto", "torch", "triton")
 TRITON_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "glm4", "glm4_moe")  # what engine/gpu/model.py's decoder runs
-GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")  # engine/gpu/glm.py's decoder (bf16/fp32 weights)
+GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")  # engine/gpu/glm.py's decoder (bf16/fp32 or FP8 weights)
 GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this many steps
 # The Triton decoder's reusable dense state holds at least this many tokens: an `ask` prompt
 # (~4K tokens of passages) and its answer, so one state and one captured decode graph serve
@@ -156,12 +156,13 @@ class Engine:
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
         if use_triton:
             ckpt = open_checkpoint(resolve_model_path(path))
-            if ckpt.config.arch in GLM_CUDA_ARCHS and ckpt.config.fp8_block is None and has_triton():
+            # FP8 checkpoints too: their matrices stay e4m3 on the device (engine/gpu/glm.py)
+            if ckpt.config.arch in GLM_CUDA_ARCHS and has_triton():
                 from .gpu.glm import GlmCudaDecoder
 
                 dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
                 return cls(GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)), _tokenizer_of(ckpt), ckpt, where)
-            # FP8 GLMs and Gemma run their PyTorch models on the device (their kernels are not wired in yet)
+            # FP8 glm4 / glm4_moe and Gemma run their PyTorch models on the device (not wired in yet)
             use_triton = ckpt.config.arch in TRITON_ARCHS and ckpt.config.fp8_block is None
         if use_triton:
             if not has_triton():

@@ -28,17 +28,21 @@ def _few_configs(few_gemv_configs, monkeypatch):
     """On the GPU, correctness only: two configs per autotuned kernel, not every one compiled."""
     if not has_triton() or interpreting():
         return
-    from docqa.kernels.moe import triton_moe
+    from docqa.kernels.linear import triton_fp8
+    from docqa.kernels.moe import triton_moe, triton_moe_fp8
 
     for kernel in (triton_moe._moe_gate_up_kernel, triton_moe._moe_down_kernel):
         monkeypatch.setattr(kernel, "configs", kernel.configs[:2])
+    for kernel in (triton_fp8._fp8_gemv_kernel, triton_fp8._mm, triton_fp8._grouped,
+                   triton_moe_fp8._fp8_moe_gate_up_kernel, triton_moe_fp8._fp8_moe_down_kernel):
+        monkeypatch.setattr(kernel, "configs", [kernel.configs[0], kernel.configs[-1]])
 
 
-def glm_engine(path):
+def glm_engine(path, dtype=torch.float32):
     from docqa.engine import Engine
 
     write_glm_tokenizer(path)
-    return Engine.load(path, device=DEV, kernels="triton", dtype=torch.float32)
+    return Engine.load(path, device=DEV, kernels="triton", dtype=dtype)
 
 
 def close(got: torch.Tensor, want: torch.Tensor, tol: float = TOL) -> None:
@@ -296,3 +300,113 @@ def test_cuda_glm_prefix_cache_segments_from_files_equal_a_fresh_prefill(tmp_pat
         assert a.shape[0] and a.shape[2]
         close(a[:, :n], b[:, :n], 1e-5)
     close(decode_logits(engine, state, ids[56:57]), decode_logits(engine, fresh, ids[56:57]), 1e-5)  # a step on it
+
+
+# --- FP8 checkpoints: e4m3 weights with block scales kept 1-byte on the device -----------------
+
+FP8_BLOCK = (32, 32)  # off the tiny model's row counts (48-row q_a / kv_a): partial blocks, fused across
+
+
+def write_fp8_glm(path, kind: str):
+    """A tiny checkpoint in the official FP8 layout (each linear layer's matrix e4m3 with
+    `weight_scale_inv` per 32 x 32 block; experts one matrix each, as the GLM-5 FP8 release;
+    norms, gate, embeddings, head and the indexer's weights_proj (bf16 in DeepSeek-V3.2) left as
+    they are) and HF's model running the dequantised values: the reference."""
+    import json
+
+    from safetensors.torch import save_file
+    from test_kernel_fp8 import quantize_blocks
+
+    from docqa.engine.models.fp8 import dequantize_blocks
+
+    ref = make_tiny_glm(path / "bf", kind)
+
+    def quantized(w):
+        w8, scale = quantize_blocks(w.float(), FP8_BLOCK)
+        return w8, scale, dequantize_blocks(w8, scale, FP8_BLOCK)
+
+    tensors = {}
+    with torch.no_grad():
+        for name, p in ref.state_dict().items():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                base = name.removesuffix("gate_up_proj").removesuffix("down_proj")
+                for j in range(p.shape[0]):
+                    halves = p[j].chunk(2) if name.endswith("gate_up_proj") else (p[j],)
+                    kinds = ("gate", "up") if name.endswith("gate_up_proj") else ("down",)
+                    deq = []
+                    for kind_, w in zip(kinds, halves):
+                        w8, scale, d = quantized(w)
+                        tensors[f"{base}{j}.{kind_}_proj.weight"] = w8
+                        tensors[f"{base}{j}.{kind_}_proj.weight_scale_inv"] = scale
+                        deq.append(d)
+                    p[j].copy_(torch.cat(deq))
+            elif name.endswith("proj.weight") and "weights_proj" not in name and p.dim() == 2:
+                w8, scale, d = quantized(p)
+                tensors[name], tensors[name + "_scale_inv"] = w8, scale
+                p.copy_(d)
+            else:
+                tensors[name] = p.contiguous()
+    out = path / "fp8"
+    out.mkdir()
+    save_file(tensors, str(out / "model.safetensors"))
+    cfg = json.loads((path / "bf" / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": list(FP8_BLOCK)}
+    (out / "config.json").write_text(json.dumps(cfg))
+    ref.save_pretrained(path / "deq")  # the dequantised weights as a plain checkpoint
+    return ref, out
+
+
+# ~70 s (GLM-4.7-Flash) and ~140 s (GLM-5) under the interpreter: -m slow on the CPU, by default on a GPU;
+# tests/test_kernel_fp8.py checks the kernels on the CPU by default
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=[] if has_cuda() else [pytest.mark.slow])
+                                  for k in ("glm4_moe_lite", "glm_moe_dsa")])
+def test_cuda_glm_fp8_checkpoint_matches_hf_on_dequantised_weights(tmp_path, kind):
+    """An FP8 checkpoint through Engine.load on the CUDA path: its matrices stay e4m3 (no
+    expanded copy) and chunked prefill and graphed decode give HF's logits on the dequantised
+    weights (fp32 activations: the FP8 kernels' exact mode)."""
+    from docqa.kernels.linear.naive_fp8 import FP8, Fp8Weight
+
+    ref, path = write_fp8_glm(tmp_path, kind)
+    engine = glm_engine(path)
+    model = engine.model
+    assert type(model).__name__ == "GlmCudaDecoder" and model.config.fp8_block == FP8_BLOCK
+    moe = model.layers[1].moe  # engine/gpu/moe.py `MoeLayer`
+    for w in (model.layers[1].wb, model.layers[1].wo, moe.w13, moe.w2, model.layers[0].w13, model.layers[0].w2):
+        assert isinstance(w, Fp8Weight) and w.w.dtype == FP8
+    assert moe.w13.w.shape[0] == 9  # 8 routed experts and the shared one, all FP8
+    if kind == "glm_moe_dsa":  # the bf16 indexer weights_proj runs beside the FP8 part of the projection
+        assert isinstance(model.layers[0].wa, list) and isinstance(model.layers[0].wa[0], Fp8Weight)
+    ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(11))
+    want = hf_logits(ref, ids)
+    state = engine.new_state(capacity=8)
+    got = model.prefill(ids[:56].to(DEV), state, 0, chunk=24, all_logits=True)
+    state.commit(56)
+    close(got, want[:56])
+    close(decode_logits(engine, state, ids[56:60].tolist()), want[56:60])
+
+
+@pytest.mark.skipif(not has_cuda(), reason="bf16 FP8 dots: the interpreter rounds fp32 -> e4m3 wrongly on carries")
+def test_cuda_glm_fp8_bf16_matches_dequantised_bf16_engine(tmp_path):
+    """In bf16 (prefill quantises activations per token and 32 columns to e4m3 for the FP8 dot;
+    decode reads the e4m3 weights in GEMVs) against the bf16 engine on the dequantised
+    checkpoint: logits within bf16 + e4m3 activation error, the same greedy tokens mostly, and
+    about half the weight bytes of the matrices."""
+    from docqa.kernels.gpu import interpreting
+
+    assert not interpreting()
+    ref, path = write_fp8_glm(tmp_path, "glm4_moe_lite")
+    fp8 = glm_engine(path, torch.bfloat16)
+    bf16 = glm_engine(tmp_path / "deq", torch.bfloat16)
+    ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(12))
+    outs = []
+    for engine in (fp8, bf16):
+        state = engine.new_state(capacity=64)
+        logits = engine.model.prefill(ids[:56].to(DEV), state, 0, chunk=24, all_logits=True)
+        state.commit(56)
+        outs.append(torch.cat((logits.float().cpu(), decode_logits(engine, state, ids[56:60].tolist()).cpu())))
+    # e4m3 activations carry ~2^-5 relative error per element into every prefill product (and so
+    # into the cached latents decode reads); a wrong scale or block would be off by O(1)
+    err = ((outs[0] - outs[1]).norm() / outs[1].norm()).item()
+    assert err < 0.1, err
+    assert fp8.model.nbytes() < 0.8 * bf16.model.nbytes()

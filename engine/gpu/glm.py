@@ -25,10 +25,22 @@ layers, the indexer key. Per layer:
 - DSA: the indexer scores every cached token (kernels/dsa_index in prefill; a matmul and
   torch.topk over the whole capacity at decode, static shapes), "shared" layers reuse the
   indices of the "full" layer before them (IndexShare);
-- MoE: the model's own gate (engine/models/moe.py `route`: sigmoid, correction bias,
-  group-limited top-k, routed scaling); decode runs the chosen experts by id with the shared
-  expert stacked as one more (kernels/moe), prefill sorts the chunk's (token, expert) pairs by
-  expert and runs one grouped GEMM per projection (kernels/moe/grouped.py: no host sync).
+- MoE (engine/gpu/moe.py `MoeLayer`, GLM-4.5's on CudaDecoder too): the model's own gate
+  (engine/models/moe.py `route`: sigmoid, correction bias, group-limited top-k, routed
+  scaling); decode runs the chosen experts by id with the shared expert stacked as one more
+  (kernels/moe), prefill sorts the chunk's (token, expert) pairs by expert and runs one grouped
+  GEMM per projection (kernels/moe/grouped.py: no host sync).
+
+FP8 checkpoints (config.fp8_block: e4m3 + `weight_scale_inv` block scales, as the official
+GLM-5 FP8 release) keep every quantised matrix 1-byte on the GPU as an `Fp8Weight`
+(kernels/linear/naive_fp8.py: the scales expanded along rows only, 3 % more) and run the FP8
+kernels: `fp8_gemv` at decode, `fp8_matmul` in prefill (an FP8 tensor-core dot with the
+activations quantised per token and block for bf16, exact for fp32; kernels/linear/triton_fp8.py
+`linear_gemv` / `linear_mm` pick the kernel per weight), and in engine/gpu/moe.py the expert
+GEMVs of kernels/moe/triton_moe_fp8.py and `fp8_grouped_matmul` for MoE prefill. Fused projections
+whose parts mix FP8 and plain matrices (DeepSeek-V3.2's indexer weights_proj is bf16) keep
+them as runs, one product each. Only kv_b_proj is dequantised at load (to the model dtype): it
+is split per head into the absorbed W_UK / W_UV that batched products read (~1 % of a layer).
 
 Decode has no host synchronisation: `capture_decode` captures it as a CUDA graph
 (engine/gpu/model.py `GraphedDecode`), the position in a device tensor.
@@ -44,7 +56,8 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ...kernels.attention.triton_topk import fused_decode_topk
 from ...kernels.dsa_index import fused_index_scores, fused_index_topk
-from ...kernels.linear.triton_gemv import fused_gemv
+from ...kernels.linear.naive_fp8 import Fp8Weight, fuse_rows, plain
+from ...kernels.linear.triton_fp8 import linear_add_mm, linear_gemv, linear_mm
 from ...kernels.mla_decode import fused_mla_decode
 from ...kernels.mla_sparse import (
     fused_latent_append,
@@ -70,7 +83,7 @@ EXPAND_ROWS = 65536  # latents expanded to per-head keys/values per product in d
 class GlmLayer:
     """One layer's tensors, fused the way the kernels read them."""
 
-    def __init__(self, config: ModelConfig, i: int, take, experts: dict):
+    def __init__(self, config: ModelConfig, i: int, take, experts: dict, dtype: torch.dtype):
         c, m = config, config.mla
         p, a = f"layers.{i}.", f"layers.{i}.self_attn."
         self.ln1, self.ln2 = take(p + "input_layernorm.weight"), take(p + "post_attention_layernorm.weight")
@@ -83,20 +96,21 @@ class GlmLayer:
         if self.full:
             parts += [take(a + "indexer.wk.weight"), take(a + "indexer.weights_proj.weight")]
             self.ik_norm = (take(a + "indexer.k_norm.weight"), take(a + "indexer.k_norm.bias"))
-        self.wa = torch.cat(parts)
+        rows = sum(p.shape[0] for p in parts)
+        self.wa = fuse_rows(parts, dtype)
         del parts
         self.ba = None
         if biases[0] is not None:
-            zeros = self.wa.new_zeros(self.wa.shape[0] - sum(b.shape[0] for b in biases))
+            zeros = biases[0].new_zeros(rows - sum(b.shape[0] for b in biases))
             self.ba = torch.cat([*biases, zeros])
         self.q_a_norm = take(a + "q_a_layernorm.weight")
         self.kv_a_norm = take(a + "kv_a_layernorm.weight")
         # what reads the q residual: [q_b | indexer queries]
         wb = [take(a + "q_b_proj.weight")] + ([take(a + "indexer.wq_b.weight")] if self.full else [])
-        self.wb = torch.cat(wb) if len(wb) > 1 else wb[0]
+        self.wb = fuse_rows(wb, dtype)
         del wb
         h, nope, vd, r = c.n_heads, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
-        w = take(a + "kv_b_proj.weight").view(h, nope + vd, r)  # [H (nope + v), R]
+        w = plain(take(a + "kv_b_proj.weight"), dtype).view(h, nope + vd, r)  # [H (nope + v), R]
         self.w_uk = w[:, :nope].contiguous()  # [H, nope, R]: q_lat = q_nope W_UK
         self.w_uv = w[:, nope:].contiguous()  # [H, v, R]: dense prefill expands values with it
         self.w_uv_t = w[:, nope:].transpose(1, 2).contiguous()  # [H, R, v]: o = o_lat W_UV^T
@@ -104,10 +118,10 @@ class GlmLayer:
         self.wo, self.bo = take(a + "o_proj.weight"), take(a + "o_proj.bias", None)
         mp = p + "mlp."
         self.moe = None
-        if c.moe is not None and c.moe.layer_types[i] == "sparse":  # engine/gpu/moe.py
-            self.moe = MoeLayer(c, mp, take, experts.pop(i, None))
+        if c.moe is not None and c.moe.layer_types[i] == "sparse":  # engine/gpu/moe.py (FP8 experts too)
+            self.moe = MoeLayer(c, mp, take, experts.pop(i, None), dtype)
             return
-        self.w13 = torch.cat([take(mp + "gate_proj.weight"), take(mp + "up_proj.weight")])
+        self.w13 = fuse_rows([take(mp + "gate_proj.weight"), take(mp + "up_proj.weight")], dtype, runs=False)
         self.w2 = take(mp + "down_proj.weight")
 
 
@@ -193,6 +207,10 @@ class GlmCudaDecoder:
         self.config = c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
+        if c.fp8_block is not None:  # each e4m3 matrix with its block scales, kept 1-byte
+            for name in [n for n in t if n.endswith("_scale_inv")]:  # X.weight_scale_inv (and stacked experts')
+                w = name.removesuffix("_scale_inv")
+                t[w] = Fp8Weight.from_blocks(t.pop(w), t.pop(name), c.fp8_block)
         experts = pop_experts(t)
         for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
             del t[name]  # MTP layers: the plain decoder does not run them
@@ -201,7 +219,7 @@ class GlmCudaDecoder:
             return t.pop(name, *default)
 
         self.embed = take("embed_tokens.weight")
-        self.layers = [GlmLayer(c, i, take, experts) for i in range(c.n_layers)]
+        self.layers = [GlmLayer(c, i, take, experts, self.embed.dtype) for i in range(c.n_layers)]
         self.norm = take("norm.weight")
         head = t.pop("lm_head.weight", None)
         self.lm_head = self.embed if c.tie_embeddings or head is None else head
@@ -222,12 +240,18 @@ class GlmCudaDecoder:
 
     def nbytes(self) -> int:
         seen, total = set(), 0
+
+        def walk(x):  # tensors, and the tuples / lists holding them (norm pairs, Fp8Weight, runs)
+            nonlocal total
+            if isinstance(x, (tuple, list)):
+                for y in x:
+                    walk(y)
+            elif isinstance(x, torch.Tensor) and x.data_ptr() not in seen:
+                seen.add(x.data_ptr())
+                total += x.numel() * x.element_size()
+
         for obj in [self, *self.layers, *(ly.moe for ly in self.layers if ly.moe is not None)]:
-            for x in vars(obj).values():
-                for y in (x if isinstance(x, tuple) else (x,)):
-                    if isinstance(y, torch.Tensor) and y.data_ptr() not in seen:
-                        seen.add(y.data_ptr())
-                        total += y.numel() * y.element_size()
+            walk(list(vars(obj).values()))
         return total
 
     def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None, *, dsa: bool = True):
@@ -271,15 +295,15 @@ class GlmCudaDecoder:
         """-> (a = [q_a | latent | indexer key | indexer weights] of the normed x, b = [q | indexer q])."""
         c = self.config
         if decode:
-            a = fused_gemv(x, ly.wa, norm_weight=ly.ln1, eps=c.rms_eps)
+            a = linear_gemv(x, ly.wa, norm_weight=ly.ln1, eps=c.rms_eps)
             if ly.ba is not None:
                 a = a + ly.ba
-            b = fused_gemv(a[:, : self.qr], ly.wb, norm_weight=ly.q_a_norm, eps=LATENT_NORM_EPS)
+            b = linear_gemv(a[:, : self.qr], ly.wb, norm_weight=ly.q_a_norm, eps=LATENT_NORM_EPS)
         else:
-            a = fused_rms_norm(x, ly.ln1, c.rms_eps) @ ly.wa.t()
+            a = linear_mm(fused_rms_norm(x, ly.ln1, c.rms_eps), ly.wa)
             if ly.ba is not None:
                 a += ly.ba
-            b = fused_rms_norm(a[:, : self.qr].contiguous(), ly.q_a_norm, LATENT_NORM_EPS) @ ly.wb.t()
+            b = linear_mm(fused_rms_norm(a[:, : self.qr].contiguous(), ly.q_a_norm, LATENT_NORM_EPS), ly.wb)
         return a, b
 
     def _latent(self, ly: GlmLayer, a: torch.Tensor, rot) -> torch.Tensor:
@@ -387,11 +411,11 @@ class GlmCudaDecoder:
         c = self.config
         if ly.moe is None:
             if decode:
-                act = fused_gemv(x, ly.w13, norm_weight=ly.ln2, eps=c.rms_eps, swiglu=True)
-                return fused_gemv(act, ly.w2, residual=x)
-            gu = fused_rms_norm(x, ly.ln2, c.rms_eps) @ ly.w13.t()
+                act = linear_gemv(x, ly.w13, norm_weight=ly.ln2, eps=c.rms_eps, swiglu=True)
+                return linear_gemv(act, ly.w2, residual=x)
+            gu = linear_mm(fused_rms_norm(x, ly.ln2, c.rms_eps), ly.w13)
             n = gu.shape[1] // 2
-            return x.addmm_(F.silu(gu[:, :n]) * gu[:, n:], ly.w2.t())
+            return linear_add_mm(x, F.silu(gu[:, :n]) * gu[:, n:], ly.w2)
         return ly.moe(x, fused_rms_norm(x, ly.ln2, c.rms_eps), decode)
 
     # --- prefill --------------------------------------------------------------------------------
@@ -417,13 +441,13 @@ class GlmCudaDecoder:
             o = self._out(ly, self._routed_prefill_attention(q_abs, kv, i, p0))
         else:
             o = self._dense_prefill_attention(ly, q_nope, q_rot, kv, i, end)
-        x = x.addmm_(o, ly.wo.t())
+        x = linear_add_mm(x, o, ly.wo)
         if ly.bo is not None:
             x += ly.bo
         return self._mlp(ly, x, decode=False), indices
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return (fused_rms_norm(x, self.norm, self.config.rms_eps) @ self.lm_head.t()).float()
+        return linear_mm(fused_rms_norm(x, self.norm, self.config.rms_eps), self.lm_head).float()
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, kv: GlmCudaState, p0: int = 0, *, chunk: int | None = None,
@@ -492,11 +516,11 @@ class GlmCudaDecoder:
                 o_lat = fused_mla_decode(q_abs, kv.kv[i], length, self.r, self.scale,
                                          indices=indices if kv.dsa else None)
             o = self._out(ly, o_lat)
-            x = fused_gemv(o, ly.wo, residual=x)
+            x = linear_gemv(o, ly.wo, residual=x)
             if ly.bo is not None:
                 x = x + ly.bo
             x = self._mlp(ly, x, decode=True)
-        out = fused_gemv(x, self.lm_head, norm_weight=self.norm, eps=self.config.rms_eps)
+        out = linear_gemv(x, self.lm_head, norm_weight=self.norm, eps=self.config.rms_eps)
         if logits is not None:
             logits.copy_(out)
         fused_argmax(out, out=tok)

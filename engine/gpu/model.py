@@ -114,7 +114,7 @@ class CudaWeights:
             self.wo.append(take(a + "o_proj.weight"))
             m = p + "mlp."
             if c.moe is not None and c.moe.layer_types[i] == "sparse":  # GLM-4.5's layers past first_k_dense_replace
-                self.moe.append(MoeLayer(c, m, take, experts.pop(i, None)))
+                self.moe.append(MoeLayer(c, m, take, experts.pop(i, None), self.embed.dtype))
                 self.w13.append(None)
                 self.w2.append(None)
             else:

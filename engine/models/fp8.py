@@ -4,8 +4,9 @@ ceil(in/bi)] fp32, one scale per bo x bi block (config.json: quantization_config
 {"quant_method": "fp8", "weight_block_size": [bo, bi]}), so W = W8 * scale of its block.
 
 On CPU the engine dequantises at load (`dequantize_blocks`) and runs fp32 matmuls; `fp8_linear`
-is the matmul over the stored form, dequantising one block-row of W at a time, for callers that
-keep the 1-byte weights (a GPU path would hand the same operands to an FP8 GEMM instead).
+is the matmul over the stored form, dequantising one block-row of W at a time. On CUDA the GLM
+decoder keeps the 1-byte weights (kernels/linear/naive_fp8.py `Fp8Weight`) and runs the FP8
+Triton kernels of kernels/linear/triton_fp8.py on them (engine/gpu/glm.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from ..config import CheckpointError
 
 FP8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
 
 
 def block_scales(scale_inv: torch.Tensor, rows: int, cols: int, block: tuple[int, int]) -> torch.Tensor:
@@ -31,6 +33,21 @@ def dequantize_blocks(w8: torch.Tensor, scale_inv: torch.Tensor, block: tuple[in
         raise CheckpointError(f"FP8 scales of shape {tuple(scale_inv.shape)} do not fit a "
                               f"{rows}x{cols} matrix in {block[0]}x{block[1]} blocks")
     return w8.float() * block_scales(scale_inv, rows, cols, block)
+
+
+def quantize_blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [out, in] -> (W8 e4m3, scale_inv fp32 [ceil(out/bo), ceil(in/bi)]) as the FP8
+    checkpoints store it: per block, scale = amax / 448 and W8 = W / scale rounded to e4m3.
+    (Writes FP8 checkpoints of random weights for bench/gpu_glm.py; on W's device.)"""
+    bo, bi = block
+    rows, cols = w.shape
+    nr, nc = -(-rows // bo), -(-cols // bi)
+    padded = w.new_zeros(nr * bo, nc * bi, dtype=torch.float32)
+    padded[:rows, :cols] = w
+    blocks = padded.view(nr, bo, nc, bi)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / E4M3_MAX
+    w8 = (blocks / scale[:, None, :, None]).view(nr * bo, nc * bi)[:rows, :cols].to(FP8)
+    return w8.contiguous(), scale
 
 
 def fp8_linear(x: torch.Tensor, w8: torch.Tensor, scale_inv: torch.Tensor,

@@ -32,16 +32,17 @@ def grouped_mm(a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
 
 
 def moe_prefill(h: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor,
-                weights: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+                weights: torch.Tensor, residual: torch.Tensor, mm=grouped_mm) -> torch.Tensor:
     """residual [T, H] += sum_k weights[t, k] * expert_{ids[t, k]}(h[t]) for a chunk of T tokens,
     in place (returned). h [T, H], w13 [E, 2I, H] (gate rows then up rows), w2 [E, H, I],
-    ids / weights [T, K] (a shared expert stacked into w13/w2 is one more column with weight 1)."""
+    ids / weights [T, K] (a shared expert stacked into w13/w2 is one more column with weight 1).
+    mm: the grouped product (kernels/linear/triton_fp8.py `fp8_grouped_matmul` for FP8 experts)."""
     t, k = ids.shape
     flat = ids.reshape(-1)
     sorted_ids, order = flat.sort(stable=True)
     ends = torch.searchsorted(sorted_ids, torch.arange(w13.shape[0], device=h.device), right=True,
                               out_int32=True)
-    gu = grouped_mm(h[order // k], w13, ends)
+    gu = mm(h[order // k], w13, ends)
     i = w13.shape[1] // 2
     if gu.is_cuda:  # one pass over the [T K, 2I] activations instead of three
         from ..swiglu.triton_swiglu import fused_swiglu
@@ -49,7 +50,7 @@ def moe_prefill(h: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch
         act = fused_swiglu(gu[:, :i], gu[:, i:])
     else:
         act = F.silu(gu[:, :i]) * gu[:, i:]
-    ys = grouped_mm(act, w2, ends)
+    ys = mm(act, w2, ends)
     del act
     del gu
     back = torch.empty_like(ys)
