@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 import sqlite3
+import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -61,8 +63,12 @@ def test_bad_parameter_inside_a_command_is_a_usage_error(db, as_json):
 def test_version_and_completion():
     res = run(["--version"])
     assert res.exit_code == 0 and res.stdout == f"docqa {version('docqa')}\n"
-    res = run(["--show-completion", "bash"])
-    assert res.exit_code == 0 and "complete" in res.stdout and "_DOCQA_COMPLETE" in res.stdout
+    # `--show-completion` names the shell it finds among its parent processes (a test runner's
+    # may have none, e.g. started in the background): run it from bash, as a user does ("; exit"
+    # keeps bash from replacing itself with its last command, so it stays the parent)
+    cli = f"{shlex.quote(sys.executable)} -c 'from docqa.app.cli import main; main()' --show-completion; exit $?"
+    res = subprocess.run(["bash", "-c", cli], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "complete" in res.stdout and "_DOCQA_COMPLETE" in res.stdout, res.stderr
     assert "--install-completion" in run(["--help"]).stdout
 
 
