@@ -14,7 +14,7 @@ from docqa.kernels.gpu import has_cuda, has_triton, interpreting
 
 transformers = pytest.importorskip("transformers", reason="the reference extra is not installed")
 
-from test_glm import VOCAB, make_tiny_glm, write_glm_tokenizer  # noqa: E402
+from test_glm import VOCAB, make_tiny_glm, tiny_config, write_glm_tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.reference,
               pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
@@ -240,6 +240,41 @@ def test_cuda_glm_routed_with_more_blocks_than_the_fused_top_k_takes_matches_hf(
     state.commit(135)
     close(first, want[:135])
     close(engine.model.prefill(ids[135:].to(DEV), state, 135, all_logits=True), want[135:])
+
+
+@(pytest.mark.slow if not has_cuda() else lambda test: test)  # ~4-6 min under the interpreter
+def test_cuda_glm_routed_whole_budget_is_dense_mla_at_the_real_attention_dims(tmp_path):
+    """GLM-4.7-Flash's attention dims (20 heads, kv_lora_rank 512, rope 64, nope 192, v 256) in
+    two layers (the second MoE) of a narrow model, as bench/gpu_glm.py's check: the last 64
+    logits of a context prefilled in two calls, routed with every block in budget against dense
+    MLA (`attention="dense"`: SDPA over expanded keys and values) of the same engine. On a GPU
+    in bf16 with the engine's sparse settings (blocks of 64, window 1,024, chunks of 4,096:
+    4,200 tokens: past the fused top-k's 64 blocks, the second call mid-block and off a chunk
+    boundary); under the interpreter fp32 at a scaled-down context."""
+    from docqa.engine import Engine
+
+    torch.manual_seed(0)
+    cfg = tiny_config("glm4_moe_lite", num_hidden_layers=2, num_attention_heads=20, num_key_value_heads=20,
+                      kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=192, v_head_dim=256, q_lora_rank=64,
+                      first_k_dense_replace=1)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(tmp_path)
+    write_glm_tokenizer(tmp_path)
+    gpu = has_cuda()
+    engine = Engine.load(tmp_path, device=DEV, kernels="triton", dtype=torch.bfloat16 if gpu else torch.float32)
+    n, over = (4200, {}) if gpu else (603, dict(block_size=8, window=32, chunk_size=256, route_chunk=64))
+    ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(13)).to(DEV)
+
+    def logits(settings):
+        state = engine.new_state(n, settings)
+        engine.model.prefill(ids[:-64], state, 0)
+        state.commit(n - 64)
+        return engine.model.prefill(ids[-64:], state, n - 64, all_logits=True).float().cpu()
+
+    dense = logits(engine.sparse_settings(attention="dense", **over))
+    routed = logits(engine.sparse_settings(top_k=1 << 20, **over))
+    cos = torch.nn.functional.cosine_similarity(routed.flatten(), dense.flatten(), dim=0).item()
+    assert cos > (0.9999 if gpu else 0.999999), cos
+    close(routed, dense, 0.05 * dense.std().item() if gpu else 1e-5)
 
 
 def test_cuda_glm_routed_small_budget_matches_reference_of_the_same_selection(tmp_path, monkeypatch):
