@@ -91,6 +91,15 @@ def _dense_causal(q, lat, q0, r, scale):
                         lat[:, :r].double())
 
 
+def _cache(lat: torch.Tensor) -> torch.Tensor:
+    """lat [S, W] on the device as the first S rows of a larger buffer whose other rows are NaN,
+    as a cache's unstored rows may hold anything: a kernel that reads past the stored rows (the
+    rest of a partial last block) shows it in its output."""
+    buf = torch.full((lat.shape[0] + 64, lat.shape[1]), float("nan"), dtype=lat.dtype)
+    buf[:lat.shape[0]] = lat
+    return buf.to(DEVICE)[:lat.shape[0]]
+
+
 def test_latent_descriptors_prefill_and_decode_append():
     """Descriptors kept by chunked prefill (a partial block continued) and by decode appends equal
     min / max / mean over each block's rows, computed from scratch."""
@@ -161,7 +170,7 @@ def test_mla_routed_attention_matches_reference(t, h, r, p, q0, chunk, b, sinks,
     blocks = _random_blocks(-(-t // chunk), 3, nb, g)
     scale = (r + p) ** -0.5
     want = naive_mla_routed_attention(q.float(), lat.float(), q0, blocks, chunk, b, sinks, win, r, scale)
-    got = fused_mla_routed_attention(q.to(DEVICE), lat.to(DEVICE), q0, blocks.to(DEVICE), chunk, b, sinks, win, r,
+    got = fused_mla_routed_attention(q.to(DEVICE), _cache(lat), q0, blocks.to(DEVICE), chunk, b, sinks, win, r,
                                      scale).cpu()
     assert got.dtype == dtype
     assert rel_err(got.float(), want) < TOL[dtype]
@@ -169,7 +178,8 @@ def test_mla_routed_attention_matches_reference(t, h, r, p, q0, chunk, b, sinks,
 
 def test_mla_routed_attention_with_every_candidate_is_dense():
     """Every block selected: exact causal attention (reference and kernel), though each key comes
-    from one of three sets (sinks, blocks, window) and blocks overlap sinks and windows."""
+    from one of three sets (sinks, blocks, window) and blocks overlap sinks and windows; the last
+    block is partial, the rows after the stored ones NaN (read, they once gave NaN outputs)."""
     from docqa.kernels.mla_sparse import fused_mla_routed_attention, naive_mla_routed_attention
 
     g = torch.Generator().manual_seed(1)
@@ -179,13 +189,46 @@ def test_mla_routed_attention_with_every_candidate_is_dense():
     blocks = torch.arange(nb).expand(-(-t // chunk), -1)
     want = _dense_causal(q, lat, q0, r, 0.3)
     assert rel_err(naive_mla_routed_attention(q, lat, q0, blocks, chunk, b, sinks, win, r, 0.3), want) < 1e-6
-    got = fused_mla_routed_attention(q.to(DEVICE), lat.to(DEVICE), q0, blocks.to(DEVICE), chunk, b, sinks, win, r, 0.3)
+    got = fused_mla_routed_attention(q.to(DEVICE), _cache(lat), q0, blocks.to(DEVICE), chunk, b, sinks, win, r, 0.3)
     assert rel_err(got.cpu(), want) < 1e-5
 
 
-# bf16 on the GPU only: the kernel's bf16 dots are tensor-core dots, which the interpreter does not emulate
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    DEVICE == "cpu", reason="bf16 tensor-core dots need the GPU"))])
+def _gpu_only_bf16():
+    # bf16 on the GPU only: the kernel's bf16 dots are tensor-core dots, which the interpreter does not emulate
+    return [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+        DEVICE == "cpu", reason="bf16 tensor-core dots need the GPU"))]
+
+
+# under the interpreter ~5-17 s a tile: by default only the 128-row one (rows of six queries)
+@pytest.mark.parametrize("dtype", _gpu_only_bf16())
+@pytest.mark.parametrize("tile", [pytest.param(i, marks=[] if i == 2 or DEVICE == "cuda" else [pytest.mark.slow])
+                                  for i in range(4)])
+def test_mla_routed_attention_at_the_real_head_dims_with_every_gpu_tile(tile, dtype):
+    """GLM-4.7-Flash's attention dims (R = 512, P = 64, 20 heads: a program's rows span several
+    queries) under each of the GPU's autotune configs, forced (the interpreter's autotuner has
+    only its own): every block selected (in scrambled order, -1 slots between) is dense causal
+    attention, and a few selected blocks are the reference's. Queries start inside a block and
+    off a routing-chunk boundary, as a prefill call after a cached prefix does."""
+    from docqa.kernels.mla_sparse import fused_mla_routed_attention, naive_mla_routed_attention
+    from docqa.kernels.mla_sparse.triton_mla_routed import ATTN_TILES
+
+    g = torch.Generator().manual_seed(40 + tile)
+    t, h, r, p, q0, chunk, b, sinks, win = 10, 20, 512, 64, 131, 4, 16, 4, 24
+    lat = torch.randn(q0 + t, r + p, generator=g)
+    q = torch.randn(t, h, r + p, generator=g) * 0.1
+    nb, n_c = -(-(q0 + t) // b), -(-t // chunk)
+    every = torch.stack([torch.cat((torch.randperm(nb, generator=g), torch.tensor([-1, -1])))[
+        torch.randperm(nb + 2, generator=g)] for _ in range(n_c)])
+    some = _random_blocks(n_c, 3, nb, g)
+    scale = (192 + p) ** -0.5
+    for blocks, want in ((every, _dense_causal(q, lat, q0, r, scale)),
+                         (some, naive_mla_routed_attention(q, lat, q0, some, chunk, b, sinks, win, r, scale))):
+        got = fused_mla_routed_attention(q.to(DEVICE, dtype), _cache(lat.to(dtype)), q0, blocks.to(DEVICE), chunk, b,
+                                         sinks, win, r, scale, tile=ATTN_TILES[tile]).cpu()
+        assert rel_err(got.float(), want.float()) < TOL[dtype] * (10 if dtype == torch.float32 else 1)
+
+
+@pytest.mark.parametrize("dtype", _gpu_only_bf16())
 @pytest.mark.parametrize("pos", [2, 30, 150])
 def test_mla_routed_decode_matches_reference(pos, dtype):
     """kernels/mla_decode's split-K kernel over sinks + routed blocks + window (one query at pos;

@@ -35,10 +35,11 @@ SCORE_PROGRAMS = 4 if interpreting() else 264  # block scoring aims at 2 program
 
 # prefill attention: BLOCK_M (query, head) rows x a [BLOCK_N, R + P] key tile; at R = 512 the
 # fp32 accumulator [BLOCK_M, 512] is what limits the tile, so a few shapes are tried once
+# (four: each compiles in seconds at R = 512, inside the first prefill of a process). As
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): tests run each of them at the real head dims.
+ATTN_TILES = ((64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 1), (32, 64, 4, 2))
 _ATTN_CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4)] if interpreting() else [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=st)
-    for bm, bn, nw, st in ((64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 1), (32, 64, 4, 2))
-]  # four: each compiles in seconds at R = 512, inside the first prefill of a process
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=st) for bm, bn, nw, st in ATTN_TILES]
 
 
 # --- descriptors --------------------------------------------------------------------------------
@@ -245,10 +246,15 @@ def _routed_prefill_kernel(q_ptr, kv_ptr, blk_ptr, o_ptr, n_q, q0, chunk, n_blk,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)
+    # A key past the program's last query is never seen, and its row may not be stored (the last
+    # block of the cache is partial): it is not loaded either. Loaded, a row of inf / NaN there
+    # would make 0 * NaN in the probabilities' product with the values (rows of nothing seen).
+    k_end = p_hi + 1
     # sinks: keys 0 .. sinks-1 (causal)
-    for k0 in range(0, tl.minimum(sinks, p_hi + 1), BLOCK_N):
+    s_end = tl.minimum(sinks, k_end)
+    for k0 in range(0, s_end, BLOCK_N):
         keys = k0 + tl.arange(0, BLOCK_N)
-        live = keys < sinks
+        live = keys < s_end
         vis = live[None, :] & (keys[None, :] <= pos[:, None])
         m_i, l_i, acc = _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, R, P, BLOCK_R,
                                      BLOCK_P, IEEE)
@@ -261,7 +267,7 @@ def _routed_prefill_kernel(q_ptr, kv_ptr, blk_ptr, o_ptr, n_q, q0, chunk, n_blk,
         stop = tl.where(b >= 0, start + bsz, start)
         for kb in range(start, stop, BLOCK_N):
             keys = kb + tl.arange(0, BLOCK_N)
-            live = keys < stop
+            live = (keys < stop) & (keys < k_end)
             vis = live[None, :] & (keys[None, :] >= sinks) & (keys[None, :] <= pos[:, None] - win)
             m_i, l_i, acc = _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, R, P,
                                          BLOCK_R, BLOCK_P, IEEE)
@@ -280,10 +286,11 @@ def _routed_prefill_kernel(q_ptr, kv_ptr, blk_ptr, o_ptr, n_q, q0, chunk, n_blk,
 
 def fused_mla_routed_attention(q: torch.Tensor, latents: torch.Tensor, q0: int, blocks: torch.Tensor, chunk: int,
                                block_size: int, sinks: int, window: int, r: int, scale: float,
-                               out: torch.Tensor | None = None) -> torch.Tensor:
+                               out: torch.Tensor | None = None, *, tile: tuple | None = None) -> torch.Tensor:
     """As `naive_mla_routed_attention`: q [T, H, R + P] at positions q0.., latents [S, R + P]
     (rows 0..q0+T-1 stored), blocks [C, K] per routing chunk of `chunk` queries (-1 = none) ->
-    [T, H, R] in q's dtype (written into `out` when given, a contiguous [T, H, R])."""
+    [T, H, R] in q's dtype (written into `out` when given, a contiguous [T, H, R]). `tile`, one
+    of ATTN_TILES, runs that config instead of the autotuner's choice (tests check each one)."""
     t, h, width = q.shape
     if latents.shape[-1] != width or not 0 < r < width or latents.stride(1) != 1:
         raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, latents {tuple(latents.shape)}, r={r}")
@@ -299,9 +306,13 @@ def fused_mla_routed_attention(q: torch.Tensor, latents: torch.Tensor, q0: int, 
     if t:
         rows = min(chunk, t) * h
         grid = lambda meta: (n_c, triton.cdiv(rows, meta["BLOCK_M"]))
-        _routed_prefill_kernel[grid](
+        kernel, config = _routed_prefill_kernel, {}
+        if tile is not None:
+            bm, bn, nw, st = tile
+            kernel, config = kernel.fn, dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=st)
+        kernel[grid](
             q, latents, blocks, out, t, q0, chunk, blocks.shape[1], sinks, window, block_size, h, scale * LOG2E,
             width, latents.stride(0), blocks.stride(0), r, R=r, P=width - r,
             BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_P=max(16, triton.next_power_of_2(width - r)),
-            IEEE=q.dtype == torch.float32 or interpreting())
+            IEEE=q.dtype == torch.float32 or interpreting(), **config)
     return out
