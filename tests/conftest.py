@@ -30,6 +30,22 @@ def few_gemv_configs(monkeypatch):
                                                 and c.num_stages == 2])
 
 
+
+@pytest.fixture
+def few_moe_configs(few_gemv_configs, monkeypatch):
+    """As `few_gemv_configs`, for the MoE and FP8 kernels too (the GLM tests): two configs per
+    autotuned kernel on the GPU, of different tile shapes."""
+    if not has_triton() or interpreting():
+        return
+    from docqa.kernels.linear import triton_fp8
+    from docqa.kernels.moe import triton_moe, triton_moe_fp8
+
+    for kernel in (triton_moe._moe_gate_up_kernel, triton_moe._moe_down_kernel):
+        monkeypatch.setattr(kernel, "configs", kernel.configs[:2])
+    for kernel in (triton_fp8._fp8_gemv_kernel, triton_fp8._mm, triton_fp8._grouped,
+                   triton_moe_fp8._fp8_moe_gate_up_kernel, triton_moe_fp8._fp8_moe_down_kernel):
+        monkeypatch.setattr(kernel, "configs", [kernel.configs[0], kernel.configs[-1]])
+
 # --- The shared corpus (../shared/corpus) is not in the repository. A fresh clone must pass its
 # tests without it, so a test that reads it is skipped, with one line naming the corpus, when it
 # is absent. "Reads it" is found from the code rather than from marks to keep in step: the test

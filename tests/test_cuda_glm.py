@@ -16,26 +16,11 @@ transformers = pytest.importorskip("transformers", reason="the reference extra i
 
 from test_glm import VOCAB, make_tiny_glm, tiny_config, write_glm_tokenizer  # noqa: E402
 
-pytestmark = [pytest.mark.reference,
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("few_moe_configs"),
               pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
                                  reason="needs triton and either CUDA or TRITON_INTERPRET=1")]
 DEV = "cuda" if has_cuda() else "cpu"
 TOL = 1e-4  # as tests/test_glm.py (fp32)
-
-
-@pytest.fixture(autouse=True)
-def _few_configs(few_gemv_configs, monkeypatch):
-    """On the GPU, correctness only: two configs per autotuned kernel, not every one compiled."""
-    if not has_triton() or interpreting():
-        return
-    from docqa.kernels.linear import triton_fp8
-    from docqa.kernels.moe import triton_moe, triton_moe_fp8
-
-    for kernel in (triton_moe._moe_gate_up_kernel, triton_moe._moe_down_kernel):
-        monkeypatch.setattr(kernel, "configs", kernel.configs[:2])
-    for kernel in (triton_fp8._fp8_gemv_kernel, triton_fp8._mm, triton_fp8._grouped,
-                   triton_moe_fp8._fp8_moe_gate_up_kernel, triton_moe_fp8._fp8_moe_down_kernel):
-        monkeypatch.setattr(kernel, "configs", [kernel.configs[0], kernel.configs[-1]])
 
 
 def glm_engine(path, dtype=torch.float32):

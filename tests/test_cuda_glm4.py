@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers", reason="the reference extra i
 
 from test_glm import VOCAB, make_tiny_glm, tiny_config, write_glm_tokenizer  # noqa: E402
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("few_moe_configs")]
 triton_runs = pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
                                  reason="needs triton and either CUDA or TRITON_INTERPRET=1")
 DEV = "cuda" if has_cuda() else "cpu"
@@ -27,17 +27,6 @@ TOL = 1e-3 if has_cuda() else 1e-4  # as tests/test_cuda_engine.py: Triton's fp3
 # runs by default on a GPU.
 slow_on_cpu = (lambda test: test) if has_cuda() else pytest.mark.slow
 SLOW_ON_CPU = [] if has_cuda() else [pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def _few_configs(few_gemv_configs, monkeypatch):
-    """On the GPU, correctness only: two configs per autotuned kernel, not every one compiled."""
-    if not has_triton() or interpreting():
-        return
-    from docqa.kernels.moe import triton_moe
-
-    for kernel in (triton_moe._moe_gate_up_kernel, triton_moe._moe_down_kernel):
-        monkeypatch.setattr(kernel, "configs", kernel.configs[:2])
 
 
 # GLM-4.5 with q/k/v biases on top of its q/k norms (transformers' default has none), so the

@@ -14,7 +14,7 @@ import torch
 from kernel_check import DEVICE, assert_close, needs_triton
 
 from docqa.engine.models.fp8 import dequantize_blocks
-from docqa.kernels.gpu import has_triton, interpreting
+from docqa.kernels.gpu import interpreting
 from docqa.kernels.linear.naive_fp8 import (
     FP8,
     Fp8Weight,
@@ -25,21 +25,8 @@ from docqa.kernels.linear.naive_fp8 import (
 )
 from docqa.kernels.moe.naive import naive_moe_down, naive_moe_gate_up
 
+pytestmark = pytest.mark.usefixtures("few_moe_configs")  # tests/conftest.py
 E4M3_ERR = 0.06  # e4m3 has 3 mantissa bits: ~2^-4 relative per element
-
-
-@pytest.fixture(autouse=True)
-def _few_configs(monkeypatch):
-    """Correctness, not speed, on the GPU: two configs per autotuned kernel, the first and
-    the last of its list (different tile shapes)."""
-    if not has_triton() or interpreting():
-        return
-    from docqa.kernels.linear import triton_fp8
-    from docqa.kernels.moe import triton_moe_fp8
-
-    for kernel in (triton_fp8._fp8_gemv_kernel, triton_fp8._mm, triton_fp8._grouped,
-                   triton_moe_fp8._fp8_moe_gate_up_kernel, triton_moe_fp8._fp8_moe_down_kernel):
-        monkeypatch.setattr(kernel, "configs", [kernel.configs[0], kernel.configs[-1]])
 
 
 def quantize_blocks(w: torch.Tensor, block: tuple[int, int]):
