@@ -25,21 +25,10 @@ from docqa.kernels.linear.naive_fp8 import (
 )
 from docqa.kernels.moe.naive import naive_moe_down, naive_moe_gate_up
 
+from test_glm_fp8 import quantize_blocks  # the test-side quantiser
+
 pytestmark = pytest.mark.usefixtures("few_moe_configs")  # tests/conftest.py
 E4M3_ERR = 0.06  # e4m3 has 3 mantissa bits: ~2^-4 relative per element
-
-
-def quantize_blocks(w: torch.Tensor, block: tuple[int, int]):
-    """Test-side quantiser of a checkpoint matrix: per bo x bi block, scale = amax / 448."""
-    bo, bi = block
-    rows, cols = w.shape
-    nr, nc = -(-rows // bo), -(-cols // bi)
-    padded = torch.zeros(nr * bo, nc * bi)
-    padded[:rows, :cols] = w
-    blocks = padded.view(nr, bo, nc, bi)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / 448.0
-    w8 = (blocks / scale[:, None, :, None]).view(nr * bo, nc * bi)[:rows, :cols].to(FP8)
-    return w8, scale
 
 
 def random_fp8(rows: int, cols: int, block: tuple[int, int], seed: int):
