@@ -59,7 +59,6 @@ class MoeLayer:
             w13 = stack_experts([fuse_rows([per[j]["gate"], per[j]["up"]], dtype, runs=False)
                                  for j in range(e.n_routed)], dtype)
             w2 = stack_experts([per[j]["down"] for j in range(e.n_routed)], dtype)
-            del per
         sg, su, sd = (take(mp + f"shared_experts.{n}_proj.weight") for n in ("gate", "up", "down"))
         shared13 = fuse_rows([sg, su], dtype, runs=False)
         self.stacked_shared = e.n_shared == 1 and is_fp8(w13) == is_fp8(shared13) == is_fp8(w2) == is_fp8(sd)

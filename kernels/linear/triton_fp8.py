@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ..gpu import interpreting
 from .naive_fp8 import E4M3_MAX, Fp8Weight, is_fp8
-from .triton_gemv import fused_gemv
+from .triton_gemv import MAX_ROWS, fused_gemv
 
 _GEMV_CONFIGS = [triton.Config({"BLOCK_N": 4, "SUB": 2}, num_warps=1)] if interpreting() else [
     triton.Config({"BLOCK_N": bn, "SUB": sub}, num_warps=nw, num_stages=st)
@@ -87,9 +87,6 @@ def _fp8_gemv_kernel(
     if HAS_RES:
         y += tl.load(r_ptr + m * sr + rows, mask=rmask, other=0.0).to(tl.float32)
     tl.store(y_ptr + m * sy + rows, y.to(y_ptr.dtype.element_ty), mask=rmask)
-
-
-MAX_ROWS = 16  # as fused_gemv: beyond a few rows the GEMM wins
 
 
 def fp8_gemv(
