@@ -317,6 +317,113 @@ def routed_vs_dense(engine, n: int, tail: int = 64) -> dict:
     return out
 
 
+@torch.inference_mode()
+def attention_by_layer(engine, n: int, tail: int = 64) -> dict:
+    """Where routed and dense MLA part, layer by layer (teacher-forced: every layer gets the same
+    hidden state, the one dense MLA gives). The same n random tokens as `routed_vs_dense`, in the
+    same prefill calls and chunks; each layer's absorbed queries and stored latents are attended
+    three ways: routed with every block in budget (the product's kernel, autotuned), dense MLA as
+    the engine's dense state does (SDPA on keys and values expanded from the latent), and an fp32
+    reference on the latent (causal softmax(q.lat) lat[:, :R], every key). Relative errors of the
+    attention outputs (after W_UV) against the reference; for the worst layer, each of the routed
+    kernel's tile configs forced, and where along the queries its error sits."""
+    from docqa.kernels.linear.triton_fp8 import linear_add_mm
+    from docqa.kernels.mla_sparse.triton_mla_routed import ATTN_TILES, fused_mla_routed_attention, \
+        store_latent_descriptors
+
+    m, dev = engine.model, engine.device
+    settings = engine.sparse_settings(top_k=1 << 20)
+    kv = engine.new_state(n + 8, settings)
+    ids = torch.randint(0, engine.config.vocab, (n,), generator=torch.Generator().manual_seed(0)).to(dev)
+    step = settings.chunk_size
+    spans = [(a, min(n - tail, a + step)) for a in range(0, n - tail, step)] + [(n - tail, n)]
+
+    def rel(x, ref):
+        return ((x.float() - ref).norm() / ref.norm()).item()
+
+    def out_fp32(ly, o_lat):
+        return torch.bmm(o_lat.float().transpose(0, 1), ly.w_uv_t.float()).transpose(0, 1).reshape(o_lat.shape[0], -1)
+
+    rows, worst = [], None
+    for a, b in spans:
+        x = m.embed[ids[a:b]]
+        rot = m.rotation(torch.arange(a, b, device=dev))
+        for i, ly in enumerate(m.layers):
+            pa, pb = m._project(ly, x, decode=False)
+            kv.kv[i, a:b] = m._latent(ly, pa, rot)
+            store_latent_descriptors(kv.kv[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], a, b, settings.block_size)
+            q_nope, q_rot, q_abs = m._queries(ly, pb, rot)
+            lat = kv.kv[i, :b].float()
+            s = torch.einsum("thd,sd->hts", q_abs.float(), lat) * m.scale
+            s.masked_fill_(torch.arange(b, device=dev)[None, None, :] > torch.arange(a, b, device=dev)[None, :, None],
+                           float("-inf"))
+            ref_lat = torch.einsum("hts,sr->thr", s.softmax(-1), lat[:, : m.r])
+            del s
+            ref = out_fp32(ly, ref_lat)
+            routed_lat = m._routed_prefill_attention(q_abs, kv, i, a)
+            dense = m._dense_prefill_attention(ly, q_nope, q_rot, kv, i, b)
+            row = {"layer": i, "call": [a, b], "routed": rel(m._out(ly, routed_lat), ref), "dense": rel(dense, ref),
+                   "routed_lat": rel(routed_lat, ref_lat)}
+            rows.append(row)
+            if worst is None or row["routed"] > worst[0]["routed"]:
+                per_pos = ((routed_lat.float() - ref_lat).norm(dim=(1, 2)) / ref_lat.norm(dim=(1, 2))).cpu()
+                per_head = ((routed_lat.float() - ref_lat).norm(dim=(0, 2)) / ref_lat.norm(dim=(0, 2))).cpu()
+                tiles = {}
+                for k, tile in enumerate(ATTN_TILES):
+                    one = torch.empty_like(routed_lat)
+                    nb = -(-b // settings.block_size)
+                    every = torch.arange(nb, device=dev).expand(-(-(b - a) // settings.route_chunk), nb).contiguous()
+                    fused_mla_routed_attention(q_abs, kv.kv[i], a, every, settings.route_chunk, settings.block_size,
+                                               settings.sink_tokens, settings.window, m.r, m.scale, out=one, tile=tile)
+                    tiles[str(tile)] = rel(one, ref_lat)
+                bad = torch.nonzero(per_pos > 10 * per_pos.median()).flatten()
+                worst = (row, {"tiles_forced": tiles, "per_head": [round(v, 5) for v in per_head.tolist()],
+                               "per_pos_median": per_pos.median().item(), "per_pos_max": per_pos.max().item(),
+                               "positions_over_10x_median": (bad + a).tolist()[:64], "n_over": len(bad)})
+            x = linear_add_mm(x, dense, ly.wo)
+            if ly.bo is not None:
+                x += ly.bo
+            x = m._mlp(ly, x, decode=False)
+    for r in rows:
+        if r["routed"] > 2e-2 or r["dense"] > 2e-2 or r["layer"] in (0, len(m.layers) - 1):
+            say(f"   layer {r['layer']:2d} tokens {r['call'][0]}..{r['call'][1]}: routed {r['routed']:.2e} "
+                f"(latent {r['routed_lat']:.2e}), dense {r['dense']:.2e} (vs the fp32 reference)")
+    say(f"   worst routed: {worst[0]} -> {worst[1]}")
+    return {"rows": rows, "worst": worst}
+
+
+@torch.inference_mode()
+def prefill_profile(engine, n: int, top: int = 25) -> dict:
+    """Where a routed prefill chunk's GPU time goes at context n: the document prefilled, then its
+    last chunk again under torch.profiler; CUDA time per kernel name (the top ones) and in all."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from docqa.engine.generate import bench_prompt
+
+    settings = engine.sparse_settings()
+    ids = torch.tensor(bench_prompt(engine.tokenizer, n), device=engine.device)
+    state = engine.new_state(n + 8, settings)
+    engine.model.prefill(ids, state, 0)
+    c = min(settings.chunk_size, n // 2)
+    engine.model.prefill(ids[n - c:], state, n - c)  # warm: the same call as the profiled one
+    sync(engine.device)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        engine.model.prefill(ids[n - c:], state, n - c)
+        sync(engine.device)
+    wall = time.perf_counter() - t0
+    per = {}
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.key] = per.get(e.key, 0.0) + e.self_device_time_total / 1e3
+    total = sum(per.values())
+    ranked = sorted(per.items(), key=lambda kv: -kv[1])[:top]
+    say(f"   last {c}-token chunk at {n}: wall {wall * 1e3:.1f} ms (profiled), GPU kernels {total:.1f} ms")
+    for name, ms in ranked:
+        say(f"   {ms:8.2f} ms  {100 * ms / total:5.1f} %  {name[:110]}")
+    return {"context": n, "chunk": c, "wall_ms": wall * 1e3, "gpu_ms": total, "top": ranked}
+
+
 def dense_figures(engine, n: int, decode_tokens: int, question_tokens: int) -> dict:
     """Dense MLA (`attention="dense"`) on the same path as `context_benchmark`: prefill s of n
     tokens, then decode ms/token after a question (the graph captured by a first run)."""
@@ -369,6 +476,9 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
         return
     r["routed_vs_dense"] = stage(f"flash: routed vs dense MLA logits @ {a.check_context}", routed_vs_dense, engine,
                                  a.check_context)
+    if a.layer_check:
+        r["attention_by_layer"] = stage(f"flash: attention by layer vs an fp32 reference @ {a.check_context}",
+                                        attention_by_layer, engine, a.check_context)
     for n in a.dense_contexts:
         res = stage(f"flash: dense MLA @ {n}", dense_figures, engine, n, a.decode_tokens, a.question_tokens)
         r[f"dense_{n}"] = res
@@ -393,6 +503,9 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
                                    "decode_speedup": ratio(hf["decode_ms"], res["decode_ms"])}
                 say(f"   vs HF @ {n}: {r[f'vs_hf_{n}']}")
         dump(a.json)
+    if a.profile_context:
+        r["profile"] = stage(f"flash: profile of a prefill chunk @ {a.profile_context}", prefill_profile, engine,
+                             a.profile_context)
     del engine
     shutil.rmtree(ckpt, ignore_errors=True)
 
@@ -540,6 +653,10 @@ def main() -> None:
                     help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
     ap.add_argument("--check-context", type=int, default=8192,
                     help="context of the routed-vs-dense logits check on the GLM-4.7-Flash shape")
+    ap.add_argument("--layer-check", action="store_true",
+                    help="also compare routed and dense MLA layer by layer against an fp32 reference (localises a mismatch)")
+    ap.add_argument("--profile-context", type=int, default=0,
+                    help="profile the last prefill chunk of a routed GLM-4.7-Flash prefill of this many tokens (0: no)")
     ap.add_argument("--hf-contexts", type=int, nargs="*", default=[32768],
                     help="HF transformers contexts on the GLM-4.7-Flash shape (none: skip HF)")
     ap.add_argument("--dsa-contexts", type=int, nargs="+", default=[131072, 1048576])
