@@ -12,9 +12,11 @@ does (engine/gpu/glm.py `GlmCudaDecoder`), and timed:
     sinks + top-k blocks + window); dense MLA (`attention="dense"`) at --dense-contexts (32K:
     cheap; 128K dense prefill is ~37 s); HF transformers (SDPA, same weights, in the same run, on
     the model object that wrote the checkpoint) at 32K, as ratios. HF at 128K only with
-    --hf-contexts (the issue's figure for it is 19.0 s prefill, 283 ms/token). A check first:
-    routed attention with every block in budget gives dense MLA's logits (bf16, random tokens);
-    the default budget's distance from dense is reported beside it.
+    --hf-contexts (the issue's figure for it is 19.0 s prefill, 283 ms/token). A check first,
+    layer by layer (`attention_by_layer`, teacher-forced): routed attention with every block in
+    budget is dense MLA, each against an fp32 reference. The logits' distance from dense MLA's is
+    reported for the whole budget, the default budget, and dense MLA itself in other chunks
+    (`routed_vs_dense`: bf16 rounding alone moves these random 47-layer MoE logits far).
 (b) GLM-5 shape (`glm_moe_dsa`: hidden 6144, 64 heads, MLA 512/2048, indexer 32 x 128 heads with
     top-2048, every layer "full" as GLM-5's config says) reduced to a few layers (the first
     dense, 32 routed experts of GLM-5's width instead of 256: the per-token cost is the same top-8
@@ -294,8 +296,11 @@ def layer_figures(engine, n: int, dsa: bool, *, chunk: int, full_max: int, steps
 @torch.inference_mode()
 def routed_vs_dense(engine, n: int, tail: int = 64) -> dict:
     """Logits of the last `tail` of n random tokens (prefilled in the engine's chunks) under dense
-    MLA, routed attention with every block in budget (must equal dense up to bf16 rounding:
-    raises when the cosine similarity is below 0.99), and the product's default budget."""
+    MLA, routed attention with every block in budget, and the product's default budget; beside
+    them dense MLA prefilled in chunks of half the size: the same model computed in another order,
+    whose distance from dense is how far bf16 rounding alone carries these random weights (47
+    layers of top-4-of-64 expert choices flip on near ties). Reported, not checked: the check of
+    the routed kernel is `attention_by_layer` (teacher-forced, so rounding cannot compound)."""
     ids = torch.randint(0, engine.config.vocab, (n,), generator=torch.Generator().manual_seed(0)).to(engine.device)
 
     def logits(settings):
@@ -304,16 +309,18 @@ def routed_vs_dense(engine, n: int, tail: int = 64) -> dict:
         state.commit(n - tail)
         return engine.model.prefill(ids[-tail:], state, n - tail, all_logits=True).float()
 
-    dense = logits(engine.sparse_settings(attention="dense"))
+    dense_settings = engine.sparse_settings(attention="dense")
+    dense = logits(dense_settings)
     out = {"context": n, "tokens_compared": tail}
-    for name, settings in (("whole_budget", engine.sparse_settings(top_k=1 << 20)), ("default", engine.sparse_settings())):
+    for name, settings in (("dense_half_chunks", engine.sparse_settings(attention="dense",
+                                                                       chunk_size=dense_settings.chunk_size // 2)),
+                           ("whole_budget", engine.sparse_settings(top_k=1 << 20)),
+                           ("default", engine.sparse_settings())):
         got = logits(settings)
         out[name] = {"cosine": torch.nn.functional.cosine_similarity(got.flatten(), dense.flatten(), dim=0).item(),
                      "max_abs": (got - dense).abs().max().item(), "logit_std": dense.std().item(),
                      "argmax_agree": (got.argmax(-1) == dense.argmax(-1)).float().mean().item()}
-        say(f"   routed ({name}) vs dense @ {n}: {out[name]}")
-    if out["whole_budget"]["cosine"] < 0.99:
-        raise RuntimeError(f"routed attention with every block in budget is not dense MLA: {out['whole_budget']}")
+        say(f"   {name} vs dense MLA @ {n}: {out[name]}")
     return out
 
 
@@ -389,6 +396,12 @@ def attention_by_layer(engine, n: int, tail: int = 64) -> dict:
             say(f"   layer {r['layer']:2d} tokens {r['call'][0]}..{r['call'][1]}: routed {r['routed']:.2e} "
                 f"(latent {r['routed_lat']:.2e}), dense {r['dense']:.2e} (vs the fp32 reference)")
     say(f"   worst routed: {worst[0]} -> {worst[1]}")
+    # routed and dense MLA round differently (bf16 probabilities times the latent vs SDPA on
+    # expanded keys): each within bf16's error of the fp32 reference, and neither far worse
+    bad = [r for r in rows if r["routed"] > max(2 * r["dense"], 5e-3)]
+    if bad:
+        raise RuntimeError(f"routed attention with every block in budget is not dense MLA in {len(bad)} "
+                           f"layer-calls, e.g. {bad[0]}")
     return {"rows": rows, "worst": worst}
 
 
@@ -476,9 +489,8 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
         return
     r["routed_vs_dense"] = stage(f"flash: routed vs dense MLA logits @ {a.check_context}", routed_vs_dense, engine,
                                  a.check_context)
-    if a.layer_check:
-        r["attention_by_layer"] = stage(f"flash: attention by layer vs an fp32 reference @ {a.check_context}",
-                                        attention_by_layer, engine, a.check_context)
+    r["attention_by_layer"] = stage(f"flash: attention by layer vs an fp32 reference @ {a.check_context}",
+                                    attention_by_layer, engine, a.check_context)
     for n in a.dense_contexts:
         res = stage(f"flash: dense MLA @ {n}", dense_figures, engine, n, a.decode_tokens, a.question_tokens)
         r[f"dense_{n}"] = res
@@ -653,8 +665,6 @@ def main() -> None:
                     help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
     ap.add_argument("--check-context", type=int, default=8192,
                     help="context of the routed-vs-dense logits check on the GLM-4.7-Flash shape")
-    ap.add_argument("--layer-check", action="store_true",
-                    help="also compare routed and dense MLA layer by layer against an fp32 reference (localises a mismatch)")
     ap.add_argument("--profile-context", type=int, default=0,
                     help="profile the last prefill chunk of a routed GLM-4.7-Flash prefill of this many tokens (0: no)")
     ap.add_argument("--hf-contexts", type=int, nargs="*", default=[32768],

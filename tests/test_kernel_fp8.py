@@ -114,6 +114,12 @@ def e4m3_exact_activations(m: int, k: int, bk: int, seed: int) -> torch.Tensor:
     return q * pow2.repeat_interleave(bk, 1)[:, :k]
 
 
+# e4m3 x e4m3 products are exact, but Hopper's FP8 tensor-core dot adds them with about 14
+# mantissa bits (DeepSeek-V3's report, 3.3.2: why scales are applied per 128-wide block in fp32):
+# 4.4e-4 and 1.2e-4 relative on the H200. The interpreter adds them in fp32.
+FP8_DOT_TOL = 1e-5 if interpreting() else 2e-3
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_dot_with_quantised_activations(dtype):
@@ -127,7 +133,7 @@ def test_fp8_dot_with_quantised_activations(dtype):
     want = naive_fp8_matmul(x, w, act_fp8=True)
     assert torch.equal(want, naive_fp8_matmul(x, w).to(dtype))  # nothing was rounded
     got = fp8_matmul(x.to(DEVICE), to_dev(w), act_fp8=True).cpu()
-    assert_close(got, want, 1e-5 if dtype == torch.float32 else 1e-2)
+    assert_close(got, want, FP8_DOT_TOL if dtype == torch.float32 else 1e-2)
     if interpreting():
         return
     # random activations: a value on a rounding boundary may round the other way (fast division)
@@ -157,7 +163,7 @@ def test_fp8_grouped_matmul_matches_per_expert_reference(act_fp8):
         ref = Fp8Weight(w.w[j], w.scale[j], w.bk)
         want.append(naive_fp8_matmul(a[start:start + size], ref, act_fp8=act_fp8))
         start += size
-    assert_close(got, torch.cat(want), 1e-5)
+    assert_close(got, torch.cat(want), FP8_DOT_TOL if act_fp8 else 1e-5)
 
 
 @needs_triton

@@ -53,8 +53,10 @@ def moe_prefill(h: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch
     ys = mm(act, w2, ends)
     del act
     del gu
-    back = torch.empty_like(ys)
-    back[order] = ys  # each token's k expert outputs side by side again
+    # each token's k expert outputs side by side again, gathered through the inverse permutation:
+    # the scatter `back[order] = ys` was 4 % of a GLM-4.7-Flash prefill chunk's GPU time on the H200
+    inv = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    back = ys.index_select(0, inv)
     # the weighted sum over a token's experts as one batched product, added to the residual
     residual.view(t, 1, -1).baddbmm_(weights.to(ys.dtype).view(t, 1, k), back.view(t, k, -1))
     return residual
