@@ -80,8 +80,8 @@ def take_rows(w, index):
     """Rows `index` of a plain matrix (or vector) or of an `Fp8Weight`. Exact for any row order:
     an Fp8Weight's scales are per row (a permutation inside a checkpoint block keeps each row's
     scale, which the per-block form could not express once rows of two blocks mix)."""
-    if is_fp8(w):
-        return Fp8Weight(w.w[index], w.scale[index], w.bk)
+    if is_fp8(w):  # the e4m3 bytes moved as uint8: indexing kernels cover it on every build
+        return Fp8Weight(w.w.view(torch.uint8)[index].view(w.w.dtype), w.scale[index], w.bk)
     return w[index]
 
 
