@@ -136,6 +136,7 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=model_type == "qwen3",
             rope_scaling=scaling,
+            fp8_block=_fp8_block(cfg.get("quantization_config")),
         )
 
     @classmethod

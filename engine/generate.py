@@ -156,14 +156,15 @@ class Engine:
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
         if use_triton:
             ckpt = open_checkpoint(resolve_model_path(path))
-            # FP8 checkpoints too: their matrices stay e4m3 on the device (engine/gpu/glm.py)
+            # FP8 checkpoints too: their matrices stay e4m3 on the device (engine/gpu/glm.py and
+            # engine/gpu/model.py)
             if ckpt.config.arch in GLM_CUDA_ARCHS and has_triton():
                 from .gpu.glm import GlmCudaDecoder
 
                 dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
                 return cls(GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)), _tokenizer_of(ckpt), ckpt, where)
-            # FP8 glm4 / glm4_moe and Gemma run their PyTorch models on the device (not wired in yet)
-            use_triton = ckpt.config.arch in TRITON_ARCHS and ckpt.config.fp8_block is None
+            # Gemma runs its PyTorch model on the device (not wired in yet)
+            use_triton = ckpt.config.arch in TRITON_ARCHS
         if use_triton:
             if not has_triton():
                 raise RuntimeError("the CUDA path needs triton: pip install 'docqa[gpu]'")

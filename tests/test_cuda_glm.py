@@ -350,11 +350,12 @@ def test_cuda_glm_prefix_cache_segments_from_files_equal_a_fresh_prefill(tmp_pat
 FP8_BLOCK = (32, 32)  # off the tiny model's row counts (48-row q_a / kv_a): partial blocks, fused across
 
 
-def write_fp8_glm(path, kind: str):
+def write_fp8_glm(path, kind: str, *, block: tuple[int, int] = FP8_BLOCK, make=make_tiny_glm):
     """A tiny checkpoint in the official FP8 layout (each linear layer's matrix e4m3 with
     `weight_scale_inv` per 32 x 32 block; experts one matrix each, as the GLM-5 FP8 release;
     norms, gate, embeddings, head and the indexer's weights_proj (bf16 in DeepSeek-V3.2) left as
-    they are) and HF's model running the dequantised values: the reference."""
+    they are) and HF's model running the dequantised values: the reference. `make(path, kind)`
+    writes the unquantised checkpoint (tests/test_cuda_fp8.py: the Llama family's too)."""
     import json
 
     from safetensors.torch import save_file
@@ -362,11 +363,11 @@ def write_fp8_glm(path, kind: str):
 
     from docqa.engine.models.fp8 import dequantize_blocks
 
-    ref = make_tiny_glm(path / "bf", kind)
+    ref = make(path / "bf", kind)
 
     def quantized(w):
-        w8, scale = quantize_blocks(w.float(), FP8_BLOCK)
-        return w8, scale, dequantize_blocks(w8, scale, FP8_BLOCK)
+        w8, scale = quantize_blocks(w.float(), block)
+        return w8, scale, dequantize_blocks(w8, scale, block)
 
     tensors = {}
     with torch.no_grad():
@@ -394,7 +395,7 @@ def write_fp8_glm(path, kind: str):
     save_file(tensors, str(out / "model.safetensors"))
     cfg = json.loads((path / "bf" / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  "weight_block_size": list(FP8_BLOCK)}
+                                  "weight_block_size": list(block)}
     (out / "config.json").write_text(json.dumps(cfg))
     ref.save_pretrained(path / "deq")  # the dequantised weights as a plain checkpoint
     return ref, out

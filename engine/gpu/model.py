@@ -13,7 +13,11 @@ its norm / SwiGLU / residual fused, and RoPE and the KV append in the qkv GEMV's
 Mistral) or in one launch after it with the biases and q/k norms (Qwen2, Qwen3:
 `fused_rope_append`); prefill runs cuBLAS GEMMs. GLM adds partial / interleaved RoPE (made
 rotate_half by the order q/k dims are loaded in: `rope_halves_order`), norms of each sublayer's
-output (GLM-4) and MoE layers (engine/gpu/moe.py). Attention reads the state's settings:
+output (GLM-4) and MoE layers (engine/gpu/moe.py). FP8 block-scaled checkpoints keep their
+matrices e4m3 on the device (`CudaWeights`): every product goes through kernels/linear/triton_fp8.py
+`linear_gemv` / `linear_mm` / `linear_add_mm`, which run `fp8_gemv` / `fp8_matmul` on those and
+the plain kernels above on the rest (MoE experts: engine/gpu/moe.py). Attention reads the state's
+settings:
 
 - sparse: sinks ∪ top-k routed blocks ∪ local window (kernels/attention/triton_sparse_attention.py);
   prefill routes once per `route_chunk` queries (the chunk's last `route_tail` on their own),
@@ -39,7 +43,9 @@ from ...kernels.attention.triton_block_scores import fused_block_scores
 from ...kernels.attention.triton_kvstore import fused_rope_append, fused_store_kv_blocks
 from ...kernels.attention.triton_sparse_attention import fused_sparse_attention, staging_rows
 from ...kernels.attention.triton_topk import fused_decode_topk, fused_topk_blocks_unsorted
-from ...kernels.linear.triton_gemv import fused_gemv, fused_qkv_gemv
+from ...kernels.linear.naive_fp8 import fuse_rows, is_fp8, pair_scales, take_rows
+from ...kernels.linear.triton_fp8 import linear_add_mm, linear_gemv, linear_mm
+from ...kernels.linear.triton_gemv import fused_qkv_gemv
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.rope.triton_rope import fused_rope
 from ...kernels.sampling.triton_argmax import fused_argmax
@@ -79,12 +85,21 @@ def rope_halves_order(config: ModelConfig) -> list[int] | None:
 class CudaWeights:
     """The checkpoint's tensors (HF names, already in the run dtype on the device), fused the way
     the kernels read them: q/k/v rows in one matrix, gate/up rows in one matrix. Each source
-    tensor is dropped as soon as it is fused, so loading peaks at one layer above the model."""
+    tensor is dropped as soon as it is fused, so loading peaks at one layer above the model.
+
+    FP8 checkpoints (config.fp8_block) keep each quantised matrix e4m3 as an `Fp8Weight`
+    (kernels/linear/naive_fp8.py: scales per row and column block), which the products of
+    kernels/linear/triton_fp8.py run as stored. Fusing and GLM's q/k row order (`rope_halves_order`)
+    move whole rows with their scales, so they are exact for any block size; a fused projection
+    whose parts mix FP8 and plain matrices is kept as runs (gate/up: one dequantised matrix, as
+    the SwiGLU GEMV reads gate and up rows of one matrix)."""
 
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]):
         c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
+        if c.fp8_block is not None:
+            pair_scales(t, c.fp8_block)
         for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
             del t[name]  # GLM-4.5's MTP layers: the plain decoder does not run them
         take = t.pop
@@ -92,10 +107,16 @@ class CudaWeights:
         order = rope_halves_order(c)
         hd = c.head_dim
 
-        def heads(x: torch.Tensor) -> torch.Tensor:  # a q/k projection's rows (or bias, or norm) in `order`
-            return x if order is None else x.view(-1, hd, *x.shape[1:])[:, order].reshape(x.shape)
+        def heads(x):  # a q/k projection's rows (or bias, or norm; or an Fp8Weight) in `order`
+            if order is None:
+                return x
+            rows = torch.arange(x.shape[0] // hd)[:, None] * hd + torch.tensor(order)
+            return take_rows(x, rows.flatten().to(x.w.device if is_fp8(x) else x.device))
 
         self.embed = take("embed_tokens.weight")
+        if is_fp8(self.embed):
+            raise KeyError("FP8 embeddings are not supported (FP8 checkpoints quantise the linear layers)")
+        dtype = self.embed.dtype  # FP8 matrices a kernel cannot read as they are are dequantised to it
         self.wqkv, self.bqkv, self.q_norm, self.k_norm = [], [], [], []
         self.wo, self.w13, self.w2, self.ln1, self.ln2 = [], [], [], [], []
         self.post_attn, self.post_mlp = [], []  # GLM-4's norms of each sublayer's output
@@ -103,8 +124,8 @@ class CudaWeights:
         for i in range(c.n_layers):
             p = f"layers.{i}."
             a = p + "self_attn."
-            self.wqkv.append(torch.cat([heads(take(a + "q_proj.weight")), heads(take(a + "k_proj.weight")),
-                                        take(a + "v_proj.weight")]))
+            self.wqkv.append(fuse_rows([heads(take(a + "q_proj.weight")), heads(take(a + "k_proj.weight")),
+                                        take(a + "v_proj.weight")], dtype))
             if c.qkv_bias:
                 self.bqkv.append(torch.cat([heads(take(a + "q_proj.bias")), heads(take(a + "k_proj.bias")),
                                             take(a + "v_proj.bias")]))
@@ -114,14 +135,15 @@ class CudaWeights:
             self.wo.append(take(a + "o_proj.weight"))
             m = p + "mlp."
             if c.moe is not None and c.moe.layer_types[i] == "sparse":  # GLM-4.5's layers past first_k_dense_replace
-                self.moe.append(MoeLayer(c, m, take, experts.pop(i, None), self.embed.dtype))
+                self.moe.append(MoeLayer(c, m, take, experts.pop(i, None), dtype))
                 self.w13.append(None)
                 self.w2.append(None)
             else:
                 self.moe.append(None)
                 gate_up = take(m + "gate_up_proj.weight", None)  # GLM-4 stores gate and up as one matrix
-                self.w13.append(gate_up if gate_up is not None else
-                                torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]))
+                if gate_up is None:
+                    gate_up = fuse_rows([take(m + "gate_proj.weight"), take(m + "up_proj.weight")], dtype, runs=False)
+                self.w13.append(gate_up)
                 self.w2.append(take(m + "down_proj.weight"))
             self.ln1.append(take(p + "input_layernorm.weight"))
             self.ln2.append(take(p + "post_attention_layernorm.weight"))
@@ -134,17 +156,27 @@ class CudaWeights:
         if t:
             raise KeyError(f"checkpoint tensors the model does not use: {sorted(t)[:5]}")
         want = (c.vocab, c.hidden)
-        if tuple(self.embed.shape) != want or self.wqkv[0].shape != ((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.hidden):
+        runs = self.wqkv[0] if isinstance(self.wqkv[0], list) else [self.wqkv[0]]  # naive_fp8.py `fuse_rows`
+        qkv = (sum(r.shape[0] for r in runs), runs[0].shape[1])
+        if tuple(self.embed.shape) != want or qkv != ((c.n_heads + 2 * c.n_kv_heads) * c.head_dim, c.hidden):
             raise KeyError(f"tensor shapes do not fit the config (embed {tuple(self.embed.shape)}, want {want})")
 
     def nbytes(self) -> int:
+        """Bytes of every tensor held (an FP8 matrix's e4m3 weights and fp32 scales)."""
         seen, total = set(), 0
-        for x in [self.embed, self.norm, self.lm_head, *self.wqkv, *self.bqkv, *self.q_norm, *self.k_norm,
-                  *self.wo, *self.w13, *self.w2, *self.ln1, *self.ln2, *self.post_attn, *self.post_mlp,
-                  *(y for moe in self.moe if moe is not None for y in moe.tensors())]:
-            if x is not None and x.data_ptr() not in seen:
+
+        def walk(x):  # tensors, and the Fp8Weights and runs (lists) holding them
+            nonlocal total
+            if isinstance(x, (tuple, list)):
+                for y in x:
+                    walk(y)
+            elif isinstance(x, torch.Tensor) and x.data_ptr() not in seen:
                 seen.add(x.data_ptr())
                 total += x.numel() * x.element_size()
+
+        walk([self.embed, self.norm, self.lm_head, self.wqkv, self.bqkv, self.q_norm, self.k_norm, self.wo,
+              self.w13, self.w2, self.ln1, self.ln2, self.post_attn, self.post_mlp,
+              [moe.tensors() for moe in self.moe if moe is not None]])
         return total
 
 
@@ -154,8 +186,9 @@ class CudaDecoder:
         c = config
         self.q_size, self.kv_size = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         # RoPE and the KV append ride in the qkv GEMV's epilogue unless something must happen
-        # between the projection and RoPE (Qwen2's biases, Qwen3's per-head norms)
-        self.fold_qkv = not c.qkv_bias and not c.qk_norm
+        # between the projection and RoPE (Qwen2's biases, Qwen3's per-head norms) or the matrix
+        # is FP8 (`fp8_gemv` has no such epilogue: one `fused_rope_append` launch follows it)
+        self.fold_qkv = not c.qkv_bias and not c.qk_norm and isinstance(weights.wqkv[0], torch.Tensor)
         device = weights.embed.device
         inv_freq = inv_frequencies(c).double()
         # partial RoPE (GLM): the dims past rotary_dim turn by angle 0 (see rope_halves_order)
@@ -301,9 +334,9 @@ class CudaDecoder:
                                  kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], s.block_size,
                                  ring=kv.ring_arg)
         elif decode:
-            qkv = fused_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=c.rms_eps)
+            qkv = linear_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=c.rms_eps)
         else:
-            qkv = fused_rms_norm(x, w.ln1[i], c.rms_eps) @ w.wqkv[i].t()
+            qkv = linear_mm(fused_rms_norm(x, w.ln1[i], c.rms_eps), w.wqkv[i])
         hd = c.head_dim
         if epilogue:
             fused_rope_append(qkv, w.bqkv[i] if w.bqkv else None, w.q_norm[i] if c.qk_norm else None,
@@ -339,15 +372,15 @@ class CudaDecoder:
         if self.post_norms or w.moe[i] is not None:
             return self._glm_sublayers(i, x, o.reshape(t, self.q_size), decode)
         if decode:
-            x = fused_gemv(o.reshape(t, self.q_size), w.wo[i], residual=x)
-            a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
-            return fused_gemv(a, w.w2[i], residual=x)
+            x = linear_gemv(o.reshape(t, self.q_size), w.wo[i], residual=x)
+            a = linear_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
+            return linear_gemv(a, w.w2[i], residual=x)
         # in place: out-of-place addmm first copies the residual stream into its result (a
         # 32 MiB device copy per projection in a 4096-token prefill chunk); x is this layer's own
-        x = x.addmm_(o.reshape(t, self.q_size), w.wo[i].t())
-        gu = fused_rms_norm(x, w.ln2[i], c.rms_eps) @ w.w13[i].t()
+        x = linear_add_mm(x, o.reshape(t, self.q_size), w.wo[i])
+        gu = linear_mm(fused_rms_norm(x, w.ln2[i], c.rms_eps), w.w13[i])
         a = fused_swiglu(gu[:, : c.intermediate], gu[:, c.intermediate:])
-        return x.addmm_(a, w.w2[i].t())
+        return linear_add_mm(x, a, w.w2[i])
 
     def _glm_sublayers(self, i: int, x: torch.Tensor, o: torch.Tensor, decode: bool) -> torch.Tensor:
         """What follows attention on GLM: o projection, GLM-4's norm of each sublayer's output
@@ -355,25 +388,26 @@ class CudaDecoder:
         c, w = self.config, self.w
         post = self.post_norms
         if decode:
-            x = x + fused_rms_norm(fused_gemv(o, w.wo[i]), w.post_attn[i], c.rms_eps) if post else \
-                fused_gemv(o, w.wo[i], residual=x)
+            x = x + fused_rms_norm(linear_gemv(o, w.wo[i]), w.post_attn[i], c.rms_eps) if post else \
+                linear_gemv(o, w.wo[i], residual=x)
         else:
-            x = x.add_(fused_rms_norm(o @ w.wo[i].t(), w.post_attn[i], c.rms_eps)) if post else \
-                x.addmm_(o, w.wo[i].t())
+            x = x.add_(fused_rms_norm(linear_mm(o, w.wo[i]), w.post_attn[i], c.rms_eps)) if post else \
+                linear_add_mm(x, o, w.wo[i])
         if w.moe[i] is not None:  # x + MoE(norm(x)): no GLM checkpoint has post-norms with experts
             return w.moe[i](x, fused_rms_norm(x, w.ln2[i], c.rms_eps), decode)
         if decode:
-            a = fused_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
-            return x + fused_rms_norm(fused_gemv(a, w.w2[i]), w.post_mlp[i], c.rms_eps) if post else \
-                fused_gemv(a, w.w2[i], residual=x)
-        gu = fused_rms_norm(x, w.ln2[i], c.rms_eps) @ w.w13[i].t()
+            a = linear_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
+            return x + fused_rms_norm(linear_gemv(a, w.w2[i]), w.post_mlp[i], c.rms_eps) if post else \
+                linear_gemv(a, w.w2[i], residual=x)
+        gu = linear_mm(fused_rms_norm(x, w.ln2[i], c.rms_eps), w.w13[i])
         n = gu.shape[1] // 2
         a = fused_swiglu(gu[:, :n], gu[:, n:])
-        return x.add_(fused_rms_norm(a @ w.w2[i].t(), w.post_mlp[i], c.rms_eps)) if post else x.addmm_(a, w.w2[i].t())
+        return x.add_(fused_rms_norm(linear_mm(a, w.w2[i]), w.post_mlp[i], c.rms_eps)) if post else \
+            linear_add_mm(x, a, w.w2[i])
 
     # --- whole passes --------------------------------------------------------------------------------
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_rms_norm(x, self.w.norm, self.config.rms_eps) @ self.w.lm_head.t()
+        return linear_mm(fused_rms_norm(x, self.w.norm, self.config.rms_eps), self.w.lm_head)
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, kv, p0: int = 0, *, chunk: int | None = None,
@@ -423,7 +457,7 @@ class CudaDecoder:
         if self._decode_picks:  # tiered with promotion: one count of all layers' picks, on the device
             kv.record_use(torch.cat([p.reshape(-1) for p in self._decode_picks]))
             self._decode_picks = []
-        out = fused_gemv(x, self.w.lm_head, norm_weight=self.w.norm, eps=self.config.rms_eps)
+        out = linear_gemv(x, self.w.lm_head, norm_weight=self.w.norm, eps=self.config.rms_eps)
         if logits is not None:
             logits.copy_(out)
         fused_argmax(out, out=tok)

@@ -158,6 +158,10 @@ class LlamaModel(nn.Module):
     def load_weights(self, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
         """Assign HF-named tensors (`model.layers.0.self_attn.q_proj.weight`, ...) as parameters,
         without copying those already of `dtype`. Shapes and names are checked strictly."""
+        if self.config.fp8_block is not None:  # CPU: FP8 matrices dequantised once, at load (models/fp8.py)
+            from .fp8 import dequantize_checkpoint
+
+            weights = dequantize_checkpoint(weights, self.config.fp8_block)
         state = {name.removeprefix("model."): t for name, t in weights.items()}
         if self.config.tie_embeddings or "lm_head.weight" not in state:
             state["lm_head.weight"] = state["embed_tokens.weight"]

@@ -7,9 +7,11 @@ ceil(K/bi)], 4 bytes per bi weights: 3 % for bi = 128): then matrices whose row 
 multiples of bo (GLM-5's kv_a_proj has 576 rows) still concatenate into one fused projection,
 and a kernel reads one scale per (row, column block) with no row-block arithmetic.
 
-Building a model's weights from them (engine/gpu/glm.py, engine/gpu/moe.py): `fuse_rows`
-(a fused projection; parts that mix FP8 and plain matrices stay runs), `stack_experts`,
-`append_expert` (the shared expert as one more), `plain` (dequantise where a kernel needs it).
+Building a model's weights from them (engine/gpu/glm.py, engine/gpu/moe.py, engine/gpu/model.py):
+`pair_scales` (a checkpoint's `X` + `X_scale_inv` as one Fp8Weight), `take_rows` (rows in
+another order: GLM's q/k dims on CudaDecoder), `fuse_rows` (a fused projection; parts that mix
+FP8 and plain matrices stay runs), `stack_experts`, `append_expert` (the shared expert as one
+more), `plain` (dequantise where a kernel needs it).
 
 References (fp32 PyTorch): `naive_fp8_gemv` (the decode GEMV, with `naive_gemv`'s fused
 RMSNorm / SwiGLU / residual), `naive_fp8_matmul` (prefill: either the dequantised weight, or
@@ -64,6 +66,23 @@ def cat_rows(parts: list[Fp8Weight]) -> Fp8Weight:
         raise ValueError("FP8 parts with different column blocks do not concatenate")
     return Fp8Weight(torch.cat([p.w for p in parts], dim=-2), torch.cat([p.scale for p in parts], dim=-2),
                      parts[0].bk)
+
+
+def pair_scales(tensors: dict, block: tuple[int, int]) -> None:
+    """In place: each checkpoint tensor `X` with an `X_scale_inv` beside it (`X.weight`, or
+    stacked experts' `experts.gate_up_proj`) becomes one `Fp8Weight`; other tensors stay."""
+    for name in [n for n in tensors if n.endswith("_scale_inv")]:
+        w = name.removesuffix("_scale_inv")
+        tensors[w] = Fp8Weight.from_blocks(tensors.pop(w), tensors.pop(name), block)
+
+
+def take_rows(w, index):
+    """Rows `index` of a plain matrix (or vector) or of an `Fp8Weight`. Exact for any row order:
+    an Fp8Weight's scales are per row (a permutation inside a checkpoint block keeps each row's
+    scale, which the per-block form could not express once rows of two blocks mix)."""
+    if is_fp8(w):  # the e4m3 bytes moved as uint8: indexing kernels cover it on every build
+        return Fp8Weight(w.w.view(torch.uint8)[index].view(w.w.dtype), w.scale[index], w.bk)
+    return w[index]
 
 
 def is_fp8(w) -> bool:
