@@ -69,6 +69,7 @@ from ...kernels.norm.triton_rms_norm import fused_rms_norm
 from ...kernels.sampling.triton_argmax import fused_argmax
 from ..config import ModelConfig
 from ..kv_cache import DTYPES
+from ..models.fp8 import dequantize_blocks
 from ..models.mla import LATENT_NORM_EPS
 from ..rope import inv_frequencies
 from ..settings import EngineSettings
@@ -207,13 +208,18 @@ class GlmCudaDecoder:
         self.config = c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
+        # the MTP layer, kept aside (HF names) for speculative decoding (engine/models/mtp.py), which
+        # runs it as the PyTorch module: FP8 matrices dequantised one at a time to the model dtype
+        mtp = self.mtp_weights = {"model." + n: t.pop(n) for n in [n for n in t if n.startswith("layers.")
+                                                                    and int(n.split(".")[1]) >= c.n_layers]}
+        for name in [n for n in mtp if n.endswith("_scale_inv")]:
+            w = name.removesuffix("_scale_inv")
+            mtp[w] = dequantize_blocks(mtp.pop(w), mtp.pop(name), c.fp8_block).to(t["embed_tokens.weight"].dtype)
         if c.fp8_block is not None:  # each e4m3 matrix with its block scales, kept 1-byte
             for name in [n for n in t if n.endswith("_scale_inv")]:  # X.weight_scale_inv (and stacked experts')
                 w = name.removesuffix("_scale_inv")
                 t[w] = Fp8Weight.from_blocks(t.pop(w), t.pop(name), c.fp8_block)
         experts = pop_experts(t)
-        for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
-            del t[name]  # MTP layers: the plain decoder does not run them
 
         def take(name, *default):
             return t.pop(name, *default)
@@ -451,13 +457,15 @@ class GlmCudaDecoder:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, kv: GlmCudaState, p0: int = 0, *, chunk: int | None = None,
-                all_logits: bool = False, on_chunk=None) -> torch.Tensor:
+                all_logits: bool = False, on_chunk=None, return_hidden: bool = False):
         """Run tokens [T] at positions p0.. through the model, filling kv (the caller commits).
-        fp32 logits of the last token [1, V] (of every token [T, V] with all_logits)."""
+        fp32 logits of the last token [1, V] (of every token [T, V] with all_logits), and with
+        return_hidden the normed final hidden states of every token [T, H] too (what an MTP
+        layer reads)."""
         n = tokens.shape[0]
         step = chunk or kv.settings.chunk_size
         kv.reserve(p0 + n)
-        outs = []
+        outs, hiddens = [], []
         for a in range(0, n, step):
             b = min(n, a + step)
             x = self.embed[tokens[a:b]]
@@ -465,13 +473,16 @@ class GlmCudaDecoder:
             indices = None
             for i in range(self.config.n_layers):
                 x, indices = self._prefill_layer(i, x, kv, p0 + a, rot, indices)
+            if return_hidden:
+                hiddens.append(fused_rms_norm(x, self.norm, self.config.rms_eps))
             if all_logits:
                 outs.append(self._logits(x))
             elif b == n:
                 outs.append(self._logits(x[-1:]))
             if on_chunk is not None:
                 on_chunk(b, n)
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        logits = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return (logits, torch.cat(hiddens)) if return_hidden else logits
 
     # --- decode ---------------------------------------------------------------------------------
     def _index_decode(self, qi, ki, w, kv: GlmCudaState, slot: int, pos_l, pos) -> torch.Tensor:

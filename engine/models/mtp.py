@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .glm import Block, GlmModel, assign_strict, normalise_weights
+from ..rope import Rope
 from .llama import Linear, RMSNorm
 
 
@@ -46,41 +47,53 @@ class SharedHead(nn.Module):
 
 
 class MTPLayer(nn.Module):
-    def __init__(self, main: GlmModel, has_indexer: bool = True):
+    def __init__(self, config: ModelConfig, embed_tokens: nn.Embedding, has_indexer: bool = True):
+        """config: the main model's; embed_tokens: the main model's embedding (shared)."""
         super().__init__()
-        config = mtp_config(main.config, has_indexer)
+        self.rope = Rope(config)
+        config = mtp_config(config, has_indexer)
         self.config = config
         self.enorm = RMSNorm(config.hidden, config.rms_eps)
         self.hnorm = RMSNorm(config.hidden, config.rms_eps)
         self.eh_proj = Linear(2 * config.hidden, config.hidden)
         self.block = Block(config, 0)
         self.shared_head = SharedHead(config)
-        self.embed_tokens = main.embed_tokens  # shared with the main model
-        self.rope = main.rope
+        self.embed_tokens = embed_tokens
 
     @classmethod
     def from_model(cls, main: GlmModel) -> "MTPLayer":
         """The first MTP layer of a loaded GLM model (from its `mtp_weights`)."""
-        prefix = f"model.layers.{main.config.n_layers}."
-        found = {k.removeprefix(prefix): v for k, v in main.mtp_weights.items() if k.startswith(prefix)}
+        return cls.from_weights(main.config, main.mtp_weights, main.embed_tokens.weight, main.lm_head.weight)
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, weights: dict[str, torch.Tensor], embed: torch.Tensor,
+                     lm_head: torch.Tensor) -> "MTPLayer":
+        """The first MTP layer of `weights` (HF names, `model.layers.{n_layers}.*`; dequantised),
+        sharing the main model's embedding (and its lm_head where the layer stores none), on
+        their device and in their dtype. The PyTorch model and the CUDA decoders both build
+        theirs here."""
+        prefix = f"model.layers.{config.n_layers}."
+        found = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
         if not found:
             raise ValueError("this checkpoint has no MTP layer")
-        layer = cls(main, has_indexer=any(k.startswith("self_attn.indexer.") for k in found))
+        embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        layer = cls(config, embed_tokens, has_indexer=any(k.startswith("self_attn.indexer.") for k in found))
         found.pop("embed_tokens.weight", None)  # a copy of the main embedding where stored
-        found.setdefault("shared_head.head.weight", main.lm_head.weight)
+        found.setdefault("shared_head.head.weight", lm_head)
         own = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")
         block, _ = normalise_weights({f"model.layers.0.{k}": v for k, v in found.items()
                                       if not k.startswith(own)}, 1)
         state = {k.replace("model.layers.0.", "block.", 1): v for k, v in block.items()}
         state.update({k: v for k, v in found.items() if k.startswith(own)})
-        state["embed_tokens.weight"] = main.embed_tokens.weight
-        assign_strict(layer, state, main.embed_tokens.weight.dtype)
-        layer.embed_tokens = main.embed_tokens
+        state["embed_tokens.weight"] = embed
+        assign_strict(layer, state, embed.dtype)
+        layer.embed_tokens = embed_tokens
         return layer.eval()
 
-    def new_state(self, main: GlmModel, capacity: int = 1024):
-        return GlmModel.new_state(self, capacity, dtype=main.embed_tokens.weight.dtype,
-                                  device=main.embed_tokens.weight.device)
+    def new_state(self, capacity: int = 1024):
+        """The layer's own KV state (dense K/V, or MLA latents), beside the main model's."""
+        weight = self.embed_tokens.weight
+        return GlmModel.new_state(self, capacity, dtype=weight.dtype, device=weight.device)
 
     @torch.inference_mode()
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, state) -> torch.Tensor:
@@ -126,7 +139,7 @@ class _Take:
         return self.reason is not None
 
 
-def speculative_decode(model: GlmModel, state, prompt: torch.Tensor, take: Callable[[int], bool], *,
+def speculative_decode(model: Callable, state, prompt: torch.Tensor, take: Callable[[int], bool], *,
                        mtp: MTPLayer | None, out: list[int], draft: Callable[[list[int]], int] | None = None,
                        chunk_size: int = 1024, on_chunk=None) -> tuple[int, int, int]:
     """Append `prompt` to `state` and decode greedily with drafts verified by the main model
@@ -134,7 +147,11 @@ def speculative_decode(model: GlmModel, state, prompt: torch.Tensor, take: Calla
     stop token); `out` is the list take keeps (drafts are chosen from it). Returns (steps,
     drafted, accepted). The MTP layer runs over the prompt too (its own KV, in chunks) so its
     drafts see the whole prompt; a state that already held a prefix lends it none of that (the
-    drafts see less context, the tokens are the main model's either way)."""
+    drafts see less context, the tokens are the main model's either way).
+
+    model: a `GlmModel`, or what calls the CUDA decoders the same way (`Engine._hidden_forward`):
+    model(ids, state, last_only=, chunk_size=, on_chunk=, return_hidden=True) -> (logits of the
+    last or every row, normed final hidden states of every row), the rows committed to state."""
     device = prompt.device
     logits, hidden = model(prompt, state, last_only=True, chunk_size=chunk_size, on_chunk=on_chunk,
                            return_hidden=True)
@@ -142,7 +159,7 @@ def speculative_decode(model: GlmModel, state, prompt: torch.Tensor, take: Calla
     d = None
     mstate = None
     if mtp is not None:  # pairs (h_i, token i+1) for every prompt position
-        mstate = mtp.new_state(model, capacity=state.num_tokens + take.max_new + 2)
+        mstate = mtp.new_state(capacity=state.num_tokens + take.max_new + 2)
         nxt = torch.cat((prompt[1:], torch.tensor([first], device=device)))
         for s in range(0, len(prompt), chunk_size):
             draft_logits = mtp(hidden[s:s + chunk_size], nxt[s:s + chunk_size], mstate)
