@@ -13,6 +13,12 @@ model's next prediction are kept (two tokens for one forward), else only its own
 (the draft's KV entry is truncated away). Every kept token is the main model's argmax, so the
 output equals plain greedy decoding; the acceptance length (tokens per main forward) is the
 speed-up's measure.
+
+On the Triton decoders (engine/gpu: `CudaDecoder` for GLM-4.5, `GlmCudaDecoder` for GLM-4.7-Flash
+and GLM-5) the verify forward is their prefill of the two tokens (eager, not the captured decode
+graph; `Engine._hidden_forward`) and the MTP layer is this module on the same device. States
+that route blocks per prefill chunk (the engine's sparse settings on a model without an indexer)
+would verify differently from decode's per-token routing: they decode one token per step.
 """
 
 from __future__ import annotations
@@ -156,6 +162,9 @@ def speculative_decode(model: Callable, state, prompt: torch.Tensor, take: Calla
     logits, hidden = model(prompt, state, last_only=True, chunk_size=chunk_size, on_chunk=on_chunk,
                            return_hidden=True)
     first = int(logits[-1].argmax())
+    steps = drafted = accepted = 0
+    if take(first):  # before the MTP layer's pass over the prompt: the first token is out at once
+        return steps, drafted, accepted
     d = None
     mstate = None
     if mtp is not None:  # pairs (h_i, token i+1) for every prompt position
@@ -164,9 +173,6 @@ def speculative_decode(model: Callable, state, prompt: torch.Tensor, take: Calla
         for s in range(0, len(prompt), chunk_size):
             draft_logits = mtp(hidden[s:s + chunk_size], nxt[s:s + chunk_size], mstate)
         d = int(draft_logits[-1].argmax())
-    steps = drafted = accepted = 0
-    if take(first):
-        return steps, drafted, accepted
     last = first
     while True:
         if draft is not None:
