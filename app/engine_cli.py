@@ -67,8 +67,10 @@ def generate(
     seed: int | None = typer.Option(None, help="Seed for sampling."),
     no_thinking: bool = typer.Option(False, "--no-thinking", help=NO_THINKING_HELP + " Needs --chat."),
     reasoning_effort: Effort | None = typer.Option(None, "--reasoning-effort", help=EFFORT_HELP + " Needs --chat."),
-    no_speculative: bool = typer.Option(False, "--no-speculative", help="Checkpoints with an MTP layer (GLM-4.5+, "
-                                        "GLM-5): decode one token per forward instead of drafting with it (same tokens)."),
+    speculative: bool | None = typer.Option(
+        None, "--speculative/--no-speculative", help="Checkpoints with an MTP layer (GLM-4.5+, GLM-5): draft with it "
+        "and verify with the model (same tokens as plain greedy), or decode one token per forward. Default: on the "
+        "CPU, off on the GPU (its plain decode is a CUDA graph per token)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ):
     """Generate text from PROMPT, streaming tokens to stdout (greedy by default). A reasoning
@@ -83,7 +85,8 @@ def generate(
     from docqa.engine.chat import ThinkingTracker
 
     engine = _load(model, device, dtype)
-    engine.speculative = not no_speculative
+    if speculative is not None:
+        engine.speculative = speculative
     # the template is checked for the switches asked for (engine/chat.py check_switches)
     ids = (engine.chat_prompt(prompt, thinking=False if no_thinking else None,
                               reasoning_effort=reasoning_effort.value if reasoning_effort else None) if chat

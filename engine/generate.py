@@ -110,8 +110,10 @@ class Engine:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     prefill_chunk: int = 1024
     # Greedy decoding drafts with the checkpoint's MTP layer when it has one (same tokens, fewer
-    # main-model forwards); False decodes one token per forward
-    speculative: bool = True
+    # main-model forwards); False decodes one token per forward. None: on for the PyTorch model,
+    # off on the Triton decoders, where plain greedy replays one CUDA graph per token and a verify
+    # step runs eagerly: whether drafting pays there is bench/gpu_mtp.py's to show (not yet run)
+    speculative: bool | None = None
     rope: Rope = field(init=False)
     _prefix_cache: object = field(default=None, init=False, repr=False)
     _scratch: object = field(default=None, init=False, repr=False)  # see `_dense_state`
@@ -349,7 +351,7 @@ class Engine:
         pick = (lambda logits, out: int(choose(logits, out))) if choose else \
             (lambda logits, out: int(sample(logits, temperature=temperature, top_p=top_p, generator=generator)))
 
-        if temperature == 0 and choose is None and self.mtp_layer is not None:
+        if temperature == 0 and choose is None and self.mtp_layer is not None and self._verifies_exactly(state):
             return self._generate_speculative(ids, max_new_tokens, state, stops, on_token, on_prefill)
         t0 = time.perf_counter()
         if self.triton and hasattr(state, "reserve"):
@@ -373,14 +375,44 @@ class Engine:
     @property
     def mtp_layer(self):
         """The checkpoint's MTP layer (GLM-4.5+/GLM-5), built on first use; None without one or
-        with `speculative` off."""
-        if not self.speculative or self.triton or not getattr(self.model, "mtp_weights", None):
+        with `speculative` off (None: off on the Triton decoders)."""
+        if not (self.speculative if self.speculative is not None else not self.triton):
             return None
-        if self._mtp is None:
+        if self._mtp is None and getattr(self.model, "mtp_weights", None):
             from .models.mtp import MTPLayer
 
-            self._mtp = MTPLayer.from_model(self.model)
+            if self.triton:  # the PyTorch layer on the decoder's device, sharing its embedding
+                from ..kernels.linear.naive_fp8 import plain
+
+                w = getattr(self.model, "w", self.model)  # CudaDecoder keeps its tensors in CudaWeights
+                self._mtp = MTPLayer.from_weights(self.config, self.model.mtp_weights, w.embed,
+                                                  plain(w.lm_head, self.dtype))
+                # the layer holds what it runs (experts stacked): no second copy on the GPU
+                self.model.mtp_weights.clear()
+            else:
+                self._mtp = MTPLayer.from_model(self.model)
         return self._mtp
+
+    def _verifies_exactly(self, state) -> bool:
+        """Whether a verify forward of [token, draft] attends as two decode steps would, so the
+        kept tokens are plain greedy decoding's. On the Triton decoders it is a prefill, whose
+        block routing (sparse settings: per routing chunk) differs from decode's (per token):
+        speculation runs on dense states and GLM-5's indexer (per query in both) only."""
+        if not self.triton:
+            return True
+        return not getattr(state, "routed", state.settings.attention != "dense")
+
+    def _hidden_forward(self, ids: torch.Tensor, state, *, last_only: bool = False, chunk_size: int | None = None,
+                        on_chunk=None, return_hidden: bool = True):
+        """The Triton decoders called as `GlmModel` is by speculative decoding (engine/models/mtp.py):
+        append ids to state -> (logits of the last or every row, normed hidden states of every row).
+        Chunks are the state's (its settings'), as in `prefill`."""
+        n = state.num_tokens
+        if hasattr(state, "reserve"):
+            state.reserve(n + ids.shape[0])
+        out = self.model.prefill(ids, state, n, all_logits=not last_only, on_chunk=on_chunk, return_hidden=True)
+        state.commit(ids.shape[0])
+        return out
 
     def _generate_speculative(self, ids, max_new_tokens, state, stops, on_token, on_prefill) -> GenerationResult:
         """Greedy generation with MTP drafts verified by the main model (engine/models/mtp.py):
@@ -398,8 +430,8 @@ class Engine:
                 on_prefill(done, total)
 
         steps, drafted, accepted = speculative_decode(
-            self.model, state, torch.tensor(ids, dtype=torch.long, device=self.device), take, mtp=self.mtp_layer,
-            out=take.out, chunk_size=self.prefill_chunk, on_chunk=chunk)
+            self._hidden_forward if self.triton else self.model, state,
+            torch.tensor(ids, dtype=torch.long, device=self.device), take, mtp=self.mtp_layer, out=take.out, chunk_size=self.prefill_chunk, on_chunk=chunk)
         t2 = time.perf_counter()
         t1 = first.get("t", t0)
         thinking, text = split_thinking(take.out, self.tokenizer)

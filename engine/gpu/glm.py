@@ -56,7 +56,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ...kernels.attention.triton_topk import fused_decode_topk
 from ...kernels.dsa_index import fused_index_scores, fused_index_topk
-from ...kernels.linear.naive_fp8 import Fp8Weight, fuse_rows, plain
+from ...kernels.linear.naive_fp8 import fuse_rows, pair_scales, plain
 from ...kernels.linear.triton_fp8 import linear_add_mm, linear_gemv, linear_mm
 from ...kernels.mla_decode import fused_mla_decode
 from ...kernels.mla_sparse import (
@@ -70,6 +70,7 @@ from ...kernels.sampling.triton_argmax import fused_argmax
 from ..config import ModelConfig
 from ..kv_cache import DTYPES
 from ..models.mla import LATENT_NORM_EPS
+from ..models.mtp import take_mtp_weights
 from ..rope import inv_frequencies
 from ..settings import EngineSettings
 from .moe import MoeLayer, pop_experts
@@ -207,13 +208,11 @@ class GlmCudaDecoder:
         self.config = c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
+        # the MTP layer, kept aside for speculative decoding (engine/models/mtp.py)
+        self.mtp_weights = take_mtp_weights(t, c, t["embed_tokens.weight"].dtype)
         if c.fp8_block is not None:  # each e4m3 matrix with its block scales, kept 1-byte
-            for name in [n for n in t if n.endswith("_scale_inv")]:  # X.weight_scale_inv (and stacked experts')
-                w = name.removesuffix("_scale_inv")
-                t[w] = Fp8Weight.from_blocks(t.pop(w), t.pop(name), c.fp8_block)
+            pair_scales(t, c.fp8_block)
         experts = pop_experts(t)
-        for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
-            del t[name]  # MTP layers: the plain decoder does not run them
 
         def take(name, *default):
             return t.pop(name, *default)
@@ -451,13 +450,15 @@ class GlmCudaDecoder:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, kv: GlmCudaState, p0: int = 0, *, chunk: int | None = None,
-                all_logits: bool = False, on_chunk=None) -> torch.Tensor:
+                all_logits: bool = False, on_chunk=None, return_hidden: bool = False):
         """Run tokens [T] at positions p0.. through the model, filling kv (the caller commits).
-        fp32 logits of the last token [1, V] (of every token [T, V] with all_logits)."""
+        fp32 logits of the last token [1, V] (of every token [T, V] with all_logits), and with
+        return_hidden the normed final hidden states of every token [T, H] too (what an MTP
+        layer reads)."""
         n = tokens.shape[0]
         step = chunk or kv.settings.chunk_size
         kv.reserve(p0 + n)
-        outs = []
+        outs, hiddens = [], []
         for a in range(0, n, step):
             b = min(n, a + step)
             x = self.embed[tokens[a:b]]
@@ -465,13 +466,16 @@ class GlmCudaDecoder:
             indices = None
             for i in range(self.config.n_layers):
                 x, indices = self._prefill_layer(i, x, kv, p0 + a, rot, indices)
+            if return_hidden:
+                hiddens.append(fused_rms_norm(x, self.norm, self.config.rms_eps))
             if all_logits:
                 outs.append(self._logits(x))
             elif b == n:
                 outs.append(self._logits(x[-1:]))
             if on_chunk is not None:
                 on_chunk(b, n)
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        logits = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return (logits, torch.cat(hiddens)) if return_hidden else logits
 
     # --- decode ---------------------------------------------------------------------------------
     def _index_decode(self, qi, ki, w, kv: GlmCudaState, slot: int, pos_l, pos) -> torch.Tensor:

@@ -51,6 +51,7 @@ from ...kernels.rope.triton_rope import fused_rope
 from ...kernels.sampling.triton_argmax import fused_argmax
 from ...kernels.swiglu.triton_swiglu import fused_swiglu
 from ..config import ModelConfig
+from ..models.mtp import take_mtp_weights
 from ..rope import inv_frequencies
 from .moe import MoeLayer, pop_experts
 
@@ -98,10 +99,10 @@ class CudaWeights:
         c = config
         t = {name.removeprefix("model."): x for name, x in tensors.items()}
         tensors.clear()
+        # GLM-4.5's MTP layers, kept aside for speculative decoding (engine/models/mtp.py)
+        self.mtp_weights = take_mtp_weights(t, c, t["embed_tokens.weight"].dtype)
         if c.fp8_block is not None:
             pair_scales(t, c.fp8_block)
-        for name in [n for n in t if n.startswith("layers.") and int(n.split(".")[1]) >= c.n_layers]:
-            del t[name]  # GLM-4.5's MTP layers: the plain decoder does not run them
         take = t.pop
         experts = pop_experts(t)  # GLM-4.5 checkpoints written one tensor per expert
         order = rope_halves_order(c)
@@ -196,6 +197,7 @@ class CudaDecoder:
         self.inv_freq = inv_freq.to(device)
         self.post_norms = c.post_norms  # GLM-4: RMSNorm on each sublayer's output before the residual add
         self.dtype = weights.embed.dtype
+        self.mtp_weights = weights.mtp_weights  # Engine.mtp_layer builds the MTP layer from them
         self._decode_picks: list[torch.Tensor] = []  # a tiered decode step's routing picks (promotion)
         self._no_blocks: dict[int, torch.Tensor] = {}  # dense attention's empty selection per device
 
@@ -411,14 +413,17 @@ class CudaDecoder:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, kv, p0: int = 0, *, chunk: int | None = None,
-                all_logits: bool = False, on_chunk=None, chunk_times: list | None = None) -> torch.Tensor:
+                all_logits: bool = False, on_chunk=None, chunk_times: list | None = None,
+                return_hidden: bool = False):
         """Run tokens [T] at positions p0.. through the model, filling kv. Returns fp32 logits of
-        the last token [1, V] (of every token [T, V] with all_logits). on_chunk(done, total)
-        after each chunk; chunk_times collects (start, length, CUDA events) per chunk."""
+        the last token [1, V] (of every token [T, V] with all_logits), and with return_hidden the
+        normed final hidden states of every token [T, H] too (what an MTP layer reads).
+        on_chunk(done, total) after each chunk; chunk_times collects (start, length, CUDA events)
+        per chunk."""
         s = kv.settings
         t_all = tokens.shape[0]
         step = t_all if s.attention == "sdpa" else (chunk or s.chunk_size)
-        outs = []
+        outs, hiddens = [], []
         for a in range(0, t_all, step):
             ev = None
             if chunk_times is not None:
@@ -433,6 +438,8 @@ class CudaDecoder:
             cos, sin = self.cos_sin(torch.arange(p0 + a, p0 + b, device=tokens.device))
             for i in range(self.config.n_layers):
                 x = self.layer(i, x, kv, cos, sin, p0=p0 + a)
+            if return_hidden:
+                hiddens.append(fused_rms_norm(x, self.w.norm, self.config.rms_eps))
             if all_logits:
                 outs.append(self._logits(x).float())
             elif b == t_all:
@@ -442,7 +449,8 @@ class CudaDecoder:
                 chunk_times.append((p0 + a, b - a, ev))
             if on_chunk is not None:
                 on_chunk(b, t_all)
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        logits = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return (logits, torch.cat(hiddens)) if return_hidden else logits
 
     def decode_step(self, tok: torch.Tensor, pos: torch.Tensor, kv, logits: torch.Tensor | None = None) -> None:
         """tok [1] long, pos [1] int32 device buffers: overwrites tok with the greedy next token,

@@ -13,6 +13,12 @@ model's next prediction are kept (two tokens for one forward), else only its own
 (the draft's KV entry is truncated away). Every kept token is the main model's argmax, so the
 output equals plain greedy decoding; the acceptance length (tokens per main forward) is the
 speed-up's measure.
+
+On the Triton decoders (engine/gpu: `CudaDecoder` for GLM-4.5, `GlmCudaDecoder` for GLM-4.7-Flash
+and GLM-5) the verify forward is their prefill of the two tokens (eager, not the captured decode
+graph; `Engine._hidden_forward`) and the MTP layer is this module on the same device. States
+that route blocks per prefill chunk (the engine's sparse settings on a model without an indexer)
+would verify differently from decode's per-token routing: they decode one token per step.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .glm import Block, GlmModel, assign_strict, normalise_weights
+from ..rope import Rope
 from .llama import Linear, RMSNorm
 
 
@@ -45,42 +52,68 @@ class SharedHead(nn.Module):
         self.head = Linear(config.hidden, config.vocab)
 
 
+def take_mtp_weights(tensors: dict[str, torch.Tensor], config: ModelConfig, dtype: torch.dtype) -> dict:
+    """Pop the MTP layers' tensors (`layers.{n >= n_layers}.*`, names without `model.`) out of a
+    CUDA decoder's checkpoint tensors, as HF names for `MTPLayer.from_weights`. The layer runs as
+    the PyTorch module, so FP8 matrices are dequantised here, one at a time, to `dtype`."""
+    from .fp8 import dequantize_blocks
+
+    mtp = {"model." + n: tensors.pop(n) for n in [n for n in tensors if n.startswith("layers.")
+                                                  and int(n.split(".")[1]) >= config.n_layers]}
+    for name in [n for n in mtp if n.endswith("_scale_inv")]:
+        w = name.removesuffix("_scale_inv")
+        mtp[w] = dequantize_blocks(mtp.pop(w), mtp.pop(name), config.fp8_block).to(dtype)
+    return mtp
+
+
 class MTPLayer(nn.Module):
-    def __init__(self, main: GlmModel, has_indexer: bool = True):
+    def __init__(self, config: ModelConfig, embed_tokens: nn.Embedding, has_indexer: bool = True):
+        """config: the main model's; embed_tokens: the main model's embedding (shared)."""
         super().__init__()
-        config = mtp_config(main.config, has_indexer)
+        self.rope = Rope(config)
+        config = mtp_config(config, has_indexer)
         self.config = config
         self.enorm = RMSNorm(config.hidden, config.rms_eps)
         self.hnorm = RMSNorm(config.hidden, config.rms_eps)
         self.eh_proj = Linear(2 * config.hidden, config.hidden)
         self.block = Block(config, 0)
         self.shared_head = SharedHead(config)
-        self.embed_tokens = main.embed_tokens  # shared with the main model
-        self.rope = main.rope
+        self.embed_tokens = embed_tokens
 
     @classmethod
     def from_model(cls, main: GlmModel) -> "MTPLayer":
         """The first MTP layer of a loaded GLM model (from its `mtp_weights`)."""
-        prefix = f"model.layers.{main.config.n_layers}."
-        found = {k.removeprefix(prefix): v for k, v in main.mtp_weights.items() if k.startswith(prefix)}
+        return cls.from_weights(main.config, main.mtp_weights, main.embed_tokens.weight, main.lm_head.weight)
+
+    @classmethod
+    def from_weights(cls, config: ModelConfig, weights: dict[str, torch.Tensor], embed: torch.Tensor,
+                     lm_head: torch.Tensor) -> "MTPLayer":
+        """The first MTP layer of `weights` (HF names, `model.layers.{n_layers}.*`; dequantised),
+        sharing the main model's embedding (and its lm_head where the layer stores none), on
+        their device and in their dtype. The PyTorch model and the CUDA decoders both build
+        theirs here."""
+        prefix = f"model.layers.{config.n_layers}."
+        found = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
         if not found:
             raise ValueError("this checkpoint has no MTP layer")
-        layer = cls(main, has_indexer=any(k.startswith("self_attn.indexer.") for k in found))
+        embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        layer = cls(config, embed_tokens, has_indexer=any(k.startswith("self_attn.indexer.") for k in found))
         found.pop("embed_tokens.weight", None)  # a copy of the main embedding where stored
-        found.setdefault("shared_head.head.weight", main.lm_head.weight)
+        found.setdefault("shared_head.head.weight", lm_head)
         own = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")
         block, _ = normalise_weights({f"model.layers.0.{k}": v for k, v in found.items()
                                       if not k.startswith(own)}, 1)
         state = {k.replace("model.layers.0.", "block.", 1): v for k, v in block.items()}
         state.update({k: v for k, v in found.items() if k.startswith(own)})
-        state["embed_tokens.weight"] = main.embed_tokens.weight
-        assign_strict(layer, state, main.embed_tokens.weight.dtype)
-        layer.embed_tokens = main.embed_tokens
+        state["embed_tokens.weight"] = embed
+        assign_strict(layer, state, embed.dtype)
+        layer.embed_tokens = embed_tokens
         return layer.eval()
 
-    def new_state(self, main: GlmModel, capacity: int = 1024):
-        return GlmModel.new_state(self, capacity, dtype=main.embed_tokens.weight.dtype,
-                                  device=main.embed_tokens.weight.device)
+    def new_state(self, capacity: int = 1024):
+        """The layer's own KV state (dense K/V, or MLA latents), beside the main model's."""
+        weight = self.embed_tokens.weight
+        return GlmModel.new_state(self, capacity, dtype=weight.dtype, device=weight.device)
 
     @torch.inference_mode()
     def forward(self, hidden: torch.Tensor, next_ids: torch.Tensor, state) -> torch.Tensor:
@@ -126,7 +159,7 @@ class _Take:
         return self.reason is not None
 
 
-def speculative_decode(model: GlmModel, state, prompt: torch.Tensor, take: Callable[[int], bool], *,
+def speculative_decode(model: Callable, state, prompt: torch.Tensor, take: Callable[[int], bool], *,
                        mtp: MTPLayer | None, out: list[int], draft: Callable[[list[int]], int] | None = None,
                        chunk_size: int = 1024, on_chunk=None) -> tuple[int, int, int]:
     """Append `prompt` to `state` and decode greedily with drafts verified by the main model
@@ -134,22 +167,26 @@ def speculative_decode(model: GlmModel, state, prompt: torch.Tensor, take: Calla
     stop token); `out` is the list take keeps (drafts are chosen from it). Returns (steps,
     drafted, accepted). The MTP layer runs over the prompt too (its own KV, in chunks) so its
     drafts see the whole prompt; a state that already held a prefix lends it none of that (the
-    drafts see less context, the tokens are the main model's either way)."""
+    drafts see less context, the tokens are the main model's either way).
+
+    model: a `GlmModel`, or what calls the CUDA decoders the same way (`Engine._hidden_forward`):
+    model(ids, state, last_only=, chunk_size=, on_chunk=, return_hidden=True) -> (logits of the
+    last or every row, normed final hidden states of every row), the rows committed to state."""
     device = prompt.device
     logits, hidden = model(prompt, state, last_only=True, chunk_size=chunk_size, on_chunk=on_chunk,
                            return_hidden=True)
     first = int(logits[-1].argmax())
+    steps = drafted = accepted = 0
+    if take(first):  # before the MTP layer's pass over the prompt: the first token is out at once
+        return steps, drafted, accepted
     d = None
     mstate = None
     if mtp is not None:  # pairs (h_i, token i+1) for every prompt position
-        mstate = mtp.new_state(model, capacity=state.num_tokens + take.max_new + 2)
+        mstate = mtp.new_state(capacity=state.num_tokens + take.max_new + 2)
         nxt = torch.cat((prompt[1:], torch.tensor([first], device=device)))
         for s in range(0, len(prompt), chunk_size):
             draft_logits = mtp(hidden[s:s + chunk_size], nxt[s:s + chunk_size], mstate)
         d = int(draft_logits[-1].argmax())
-    steps = drafted = accepted = 0
-    if take(first):
-        return steps, drafted, accepted
     last = first
     while True:
         if draft is not None:
