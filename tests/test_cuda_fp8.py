@@ -19,6 +19,7 @@ from docqa.kernels.gpu import has_cuda, has_triton, interpreting
 transformers = pytest.importorskip("transformers", reason="the reference extra is not installed")
 
 from test_cuda_glm import write_fp8_glm  # noqa: E402
+from test_cuda_glm4 import prefill_then_decode_match_hf  # noqa: E402
 from test_engine_vs_hf import make_tiny_hf_dir, write_tiny_tokenizer  # noqa: E402
 from test_glm import VOCAB, make_tiny_glm  # noqa: E402
 
@@ -107,24 +108,7 @@ def test_fp8_checkpoint_on_cuda_decoder_matches_hf_on_dequantised_weights(tmp_pa
     if kind == "glm4_moe":
         assert model.w.moe[1].w13.w.shape[0] == 9  # 8 routed experts and the shared one
     ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.no_grad():
-        want = ref(torch.tensor([ids])).logits[0]
-    state = engine.new_state(32)
-    got = torch.cat([engine.prefill(ids[:13], state, all_logits=True),
-                     engine.prefill(ids[13:-1], state, all_logits=True)])
-    close(got, want[:-1], "prefill")
-    seen = []
-
-    def choose(logits, out):  # the second-best token once: the device loop's greedy guess is wrong there
-        seen.append(logits.cpu().clone())
-        return int(logits.argsort(descending=True)[1 if len(out) == 1 else 0])
-
-    res = engine.generate(ids[-1:], 3, state=state, stop_ids=(), choose=choose)
-    with torch.no_grad():
-        full = ref(torch.tensor([ids + res.token_ids])).logits[0]
-    assert len(seen) == 3
-    for i, logits in enumerate(seen):
-        close(logits, full[len(ids) - 1 + i], f"step {i}")
+    prefill_then_decode_match_hf(engine, ref, ids, close)
 
 
 @triton_runs

@@ -96,6 +96,17 @@ def test_triton_glm_matches_hf_dense_state(tmp_path, kind):
     (the CUDA graph on a GPU, where greedy through the device loop must equal argmax choosing)."""
     ref, engine = tiny_glm(tmp_path, kind)
     ids = ids_of(24)
+    prefill_then_decode_match_hf(engine, ref, ids, close)
+    if has_cuda():  # greedy through the device-side loop (the CUDA graph) gives the argmax chooser's tokens
+        argmax = engine.generate(ids, 3, stop_ids=(), choose=lambda logits, out: int(logits.argmax())).token_ids
+        assert engine.generate(ids, 3, stop_ids=()).token_ids == argmax
+
+
+def prefill_then_decode_match_hf(engine, ref, ids: list[int], close) -> None:
+    """The dense state's logits against HF's (`ref`) on `ids`: a prefill in two calls (the second
+    after a stored prefix), then three decode steps from the last prompt token, the second-best
+    token taken once (where the device loop's greedy guess is wrong), each step against HF on the
+    growing sequence. `close(got, want, what)` is the caller's tolerance."""
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0]
     state = engine.new_state(32)
@@ -104,19 +115,16 @@ def test_triton_glm_matches_hf_dense_state(tmp_path, kind):
     close(got, want[:-1], "prefill")
     seen = []
 
-    def choose(logits, out):  # the second-best token once: the device loop's greedy guess is wrong there
+    def choose(logits, out):
         seen.append(logits.cpu().clone())
         return int(logits.argsort(descending=True)[1 if len(out) == 1 else 0])
 
-    res = engine.generate(ids[-1:], 3, state=state, stop_ids=(), choose=choose)  # the last prompt token, then decode
+    res = engine.generate(ids[-1:], 3, state=state, stop_ids=(), choose=choose)
     with torch.no_grad():
         full = ref(torch.tensor([ids + res.token_ids])).logits[0]
     assert len(seen) == 3
     for i, logits in enumerate(seen):
         close(logits, full[len(ids) - 1 + i], f"step {i}")
-    if has_cuda():  # greedy through the device-side loop (the CUDA graph) gives the argmax chooser's tokens
-        argmax = engine.generate(ids, 3, stop_ids=(), choose=lambda logits, out: int(logits.argmax())).token_ids
-        assert engine.generate(ids, 3, stop_ids=()).token_ids == argmax
 
 
 def sparse(engine, **over):
