@@ -94,8 +94,8 @@ def tokenizer_vocab(tokenizer_dir: Path) -> int:
 
 
 def smoke_tokenizer(path: Path) -> Path:
-    """A byte-level BPE tokenizer (256 tokens + end-of-text) for --smoke, where the default
-    model's tokenizer (.gpu/tokenizer, bench/gpu_prepare.py) may be absent."""
+    """A byte-level BPE tokenizer (256 tokens + end-of-text) for --smoke: a head small enough
+    for the interpreter, and no need for .gpu/tokenizer (bench/gpu_prepare.py)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     path.mkdir(parents=True, exist_ok=True)
@@ -680,7 +680,9 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--question-tokens", type=int, default=64)
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"))
+    ap.add_argument("--tokenizer", default=None,
+                    help="default: .gpu/tokenizer (bench/gpu_prepare.py); with --smoke a 257-token byte-level one "
+                         "(the real 49K-token head makes each interpreted decode step minutes)")
     ap.add_argument("--work", default=None, help="where checkpoints go (default: /dev/shm if it has room, else a temp dir)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
@@ -697,9 +699,8 @@ def main() -> None:
         sys.exit("gpu_glm.py: no CUDA device (use --smoke to run the same code on the CPU at tiny sizes)")
     RESULTS["device"], RESULTS["torch"], RESULTS["smoke"] = device_summary(), torch.__version__, a.smoke
     say(f"device: {RESULTS['device']}, torch {torch.__version__}{' (smoke: tiny shapes, Triton interpreter)' if a.smoke else ''}")
-    tokenizer_dir = Path(a.tokenizer)
-    tmp = None
-    if a.smoke and not (tokenizer_dir / "tokenizer.json").exists():
+    tokenizer_dir, tmp = Path(a.tokenizer or ROOT / ".gpu" / "tokenizer"), None
+    if a.smoke and not a.tokenizer:
         tmp = Path(tempfile.mkdtemp(prefix="docqa-glm-tok-"))
         tokenizer_dir = smoke_tokenizer(tmp / "tokenizer")
     if not (tokenizer_dir / "tokenizer.json").exists():

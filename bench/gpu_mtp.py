@@ -163,7 +163,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=FLASH["num_hidden_layers"], help="decoder layers (47: the real model)")
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768], help="prompt tokens")
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"))
+    ap.add_argument("--tokenizer", default=None,
+                    help="default: .gpu/tokenizer (bench/gpu_prepare.py); with --smoke a 257-token byte-level one "
+                         "(the real 49K-token head makes each interpreted decode step minutes)")
     ap.add_argument("--work", default=None, help="where the checkpoint goes (default: /dev/shm if it has room)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
@@ -177,8 +179,8 @@ def main() -> None:
         sys.exit("gpu_mtp.py: no CUDA device (use --smoke to run the same code on the CPU at tiny sizes)")
     RESULTS["device"], RESULTS["torch"], RESULTS["smoke"] = device_summary(), torch.__version__, a.smoke
     say(f"device: {RESULTS['device']}{' (smoke: tiny shapes, Triton interpreter)' if a.smoke else ''}")
-    tokenizer_dir, tmp = Path(a.tokenizer), None
-    if a.smoke and not (tokenizer_dir / "tokenizer.json").exists():
+    tokenizer_dir, tmp = Path(a.tokenizer or ROOT / ".gpu" / "tokenizer"), None
+    if a.smoke and not a.tokenizer:
         tmp = Path(tempfile.mkdtemp(prefix="docqa-mtp-tok-"))
         tokenizer_dir = smoke_tokenizer(tmp / "tokenizer")
     if not (tokenizer_dir / "tokenizer.json").exists():
