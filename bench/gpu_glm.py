@@ -109,6 +109,26 @@ def smoke_tokenizer(path: Path) -> Path:
     return path
 
 
+def bench_setup(prog: str, smoke: bool, tokenizer: str | None):
+    """What the GPU benches (this one, gpu_mtp.py) start with: the device (the CPU only with
+    --smoke), noted in RESULTS, and the tokenizer folder (.gpu/tokenizer, or --smoke's
+    byte-level one in a temporary folder, returned to be removed) -> (device, dir, tmp or None)."""
+    from docqa.kernels.gpu import device_summary, has_cuda
+
+    device = torch.device("cpu" if smoke or not has_cuda() else "cuda")
+    if device.type == "cpu" and not smoke:
+        sys.exit(f"{prog}: no CUDA device (use --smoke to run the same code on the CPU at tiny sizes)")
+    RESULTS["device"], RESULTS["torch"], RESULTS["smoke"] = device_summary(), torch.__version__, smoke
+    say(f"device: {RESULTS['device']}, torch {torch.__version__}{' (smoke: tiny shapes, Triton interpreter)' if smoke else ''}")
+    tokenizer_dir, tmp = Path(tokenizer or ROOT / ".gpu" / "tokenizer"), None
+    if smoke and not tokenizer:
+        tmp = Path(tempfile.mkdtemp(prefix="docqa-bench-tok-"))
+        tokenizer_dir = smoke_tokenizer(tmp / "tokenizer")
+    if not (tokenizer_dir / "tokenizer.json").exists():
+        sys.exit(f"{prog}: no tokenizer at {tokenizer_dir} (python3 bench/gpu_prepare.py makes it)")
+    return device, tokenizer_dir, tmp
+
+
 def work_dir(requested: str | None, need_bytes: int) -> Path:
     """Where checkpoints go: --work, else /dev/shm when it has room (the GLM-4.7-Flash checkpoint,
     ~58 GB, does not fit the H200 machine's 64 GiB disk beside everything else), else a temp dir."""
@@ -692,19 +712,7 @@ def main() -> None:
         a.contexts, a.hf_contexts, a.dsa_contexts, a.dense_contexts, a.check_context = [80], [80], [48, 96], [80], 80
         a.fp8_contexts = [48]
         a.chunk, a.full_prefill_max, a.decode_steps, a.question_tokens, a.decode_tokens = 32, 48, 2, 8, 4
-    from docqa.kernels.gpu import device_summary, has_cuda
-
-    device = torch.device("cpu" if a.smoke or not has_cuda() else "cuda")
-    if device.type == "cpu" and not a.smoke:
-        sys.exit("gpu_glm.py: no CUDA device (use --smoke to run the same code on the CPU at tiny sizes)")
-    RESULTS["device"], RESULTS["torch"], RESULTS["smoke"] = device_summary(), torch.__version__, a.smoke
-    say(f"device: {RESULTS['device']}, torch {torch.__version__}{' (smoke: tiny shapes, Triton interpreter)' if a.smoke else ''}")
-    tokenizer_dir, tmp = Path(a.tokenizer or ROOT / ".gpu" / "tokenizer"), None
-    if a.smoke and not a.tokenizer:
-        tmp = Path(tempfile.mkdtemp(prefix="docqa-glm-tok-"))
-        tokenizer_dir = smoke_tokenizer(tmp / "tokenizer")
-    if not (tokenizer_dir / "tokenizer.json").exists():
-        sys.exit(f"gpu_glm.py: no tokenizer at {tokenizer_dir} (python3 bench/gpu_prepare.py makes it)")
+    device, tokenizer_dir, tmp = bench_setup("gpu_glm.py", a.smoke, a.tokenizer)
     vocab = tokenizer_vocab(tokenizer_dir)
     need = max(checkpoint_bytes(s, vocab) for s in (a.flash_shape, a.glm5_shape))
     work = work_dir(a.work, need)

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,11 +44,11 @@ from gpu import FAILED, RESULTS, say, stage  # noqa: E402
 from gpu_glm import (  # noqa: E402
     FLASH,
     SMOKE_FLASH,
+    bench_setup,
     checkpoint_bytes,
     dump,
     load_engine,
     ratio,
-    smoke_tokenizer,
     sync,
     tokenizer_vocab,
     work_dir,
@@ -172,19 +171,7 @@ def main() -> None:
     shape = dict(FLASH, num_hidden_layers=a.layers)
     if a.smoke:
         shape, a.contexts, a.new_tokens = dict(SMOKE_FLASH), [40], 6
-    from docqa.kernels.gpu import device_summary, has_cuda
-
-    device = torch.device("cpu" if a.smoke or not has_cuda() else "cuda")
-    if device.type == "cpu" and not a.smoke:
-        sys.exit("gpu_mtp.py: no CUDA device (use --smoke to run the same code on the CPU at tiny sizes)")
-    RESULTS["device"], RESULTS["torch"], RESULTS["smoke"] = device_summary(), torch.__version__, a.smoke
-    say(f"device: {RESULTS['device']}{' (smoke: tiny shapes, Triton interpreter)' if a.smoke else ''}")
-    tokenizer_dir, tmp = Path(a.tokenizer or ROOT / ".gpu" / "tokenizer"), None
-    if a.smoke and not a.tokenizer:
-        tmp = Path(tempfile.mkdtemp(prefix="docqa-mtp-tok-"))
-        tokenizer_dir = smoke_tokenizer(tmp / "tokenizer")
-    if not (tokenizer_dir / "tokenizer.json").exists():
-        sys.exit(f"gpu_mtp.py: no tokenizer at {tokenizer_dir} (python3 bench/gpu_prepare.py makes it)")
+    device, tokenizer_dir, tmp = bench_setup("gpu_mtp.py", a.smoke, a.tokenizer)
     shape_layer = dict(shape, num_hidden_layers=1)  # the MTP layer: one more MoE layer, roughly
     need = checkpoint_bytes(shape, tokenizer_vocab(tokenizer_dir)) + checkpoint_bytes(shape_layer, 0)
     work = work_dir(a.work, need)
