@@ -56,7 +56,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ...kernels.attention.triton_topk import fused_decode_topk
 from ...kernels.dsa_index import fused_index_scores, fused_index_topk
-from ...kernels.linear.naive_fp8 import fuse_rows, pair_scales, plain
+from ...kernels.linear.naive_fp8 import fuse_rows, held_bytes, pair_scales, plain
 from ...kernels.linear.triton_fp8 import linear_add_mm, linear_gemv, linear_mm
 from ...kernels.mla_decode import fused_mla_decode
 from ...kernels.mla_sparse import (
@@ -238,20 +238,8 @@ class GlmCudaDecoder:
         return self.embed.device
 
     def nbytes(self) -> int:
-        seen, total = set(), 0
-
-        def walk(x):  # tensors, and the tuples / lists holding them (norm pairs, Fp8Weight, runs)
-            nonlocal total
-            if isinstance(x, (tuple, list)):
-                for y in x:
-                    walk(y)
-            elif isinstance(x, torch.Tensor) and x.data_ptr() not in seen:
-                seen.add(x.data_ptr())
-                total += x.numel() * x.element_size()
-
-        for obj in [self, *self.layers, *(ly.moe for ly in self.layers if ly.moe is not None)]:
-            walk(list(vars(obj).values()))
-        return total
+        return held_bytes([list(vars(obj).values()) for obj in
+                           [self, *self.layers, *(ly.moe for ly in self.layers if ly.moe is not None)]])
 
     def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None, *, dsa: bool = True):
         """The state Engine.new_state gives on CUDA. The model attends as it was trained: GLM-5

@@ -43,7 +43,7 @@ from ...kernels.attention.triton_block_scores import fused_block_scores
 from ...kernels.attention.triton_kvstore import fused_rope_append, fused_store_kv_blocks
 from ...kernels.attention.triton_sparse_attention import fused_sparse_attention, staging_rows
 from ...kernels.attention.triton_topk import fused_decode_topk, fused_topk_blocks_unsorted
-from ...kernels.linear.naive_fp8 import fuse_rows, is_fp8, pair_scales, take_rows
+from ...kernels.linear.naive_fp8 import fuse_rows, held_bytes, is_fp8, pair_scales, take_rows
 from ...kernels.linear.triton_fp8 import linear_add_mm, linear_gemv, linear_mm
 from ...kernels.linear.triton_gemv import fused_qkv_gemv
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
@@ -164,21 +164,9 @@ class CudaWeights:
 
     def nbytes(self) -> int:
         """Bytes of every tensor held (an FP8 matrix's e4m3 weights and fp32 scales)."""
-        seen, total = set(), 0
-
-        def walk(x):  # tensors, and the Fp8Weights and runs (lists) holding them
-            nonlocal total
-            if isinstance(x, (tuple, list)):
-                for y in x:
-                    walk(y)
-            elif isinstance(x, torch.Tensor) and x.data_ptr() not in seen:
-                seen.add(x.data_ptr())
-                total += x.numel() * x.element_size()
-
-        walk([self.embed, self.norm, self.lm_head, self.wqkv, self.bqkv, self.q_norm, self.k_norm, self.wo,
-              self.w13, self.w2, self.ln1, self.ln2, self.post_attn, self.post_mlp,
-              [moe.tensors() for moe in self.moe if moe is not None]])
-        return total
+        return held_bytes([self.embed, self.norm, self.lm_head, self.wqkv, self.bqkv, self.q_norm, self.k_norm,
+                           self.wo, self.w13, self.w2, self.ln1, self.ln2, self.post_attn, self.post_mlp,
+                           [moe.tensors() for moe in self.moe if moe is not None]])
 
 
 class CudaDecoder:

@@ -85,6 +85,21 @@ def take_rows(w, index):
     return w[index]
 
 
+def held_bytes(x) -> int:
+    """Bytes of the distinct tensors in x: a tensor, or tuples / lists holding them (Fp8Weight's
+    e4m3 weights and fp32 scales, fused runs, norm pairs), each storage counted once."""
+    seen, total = set(), 0
+    stack = [x]
+    while stack:
+        y = stack.pop()
+        if isinstance(y, (tuple, list)):
+            stack.extend(y)
+        elif isinstance(y, torch.Tensor) and y.data_ptr() not in seen:
+            seen.add(y.data_ptr())
+            total += y.numel() * y.element_size()
+    return total
+
+
 def is_fp8(w) -> bool:
     return isinstance(w, Fp8Weight)
 
