@@ -457,6 +457,59 @@ def prefill_profile(engine, n: int, top: int = 25) -> dict:
     return {"context": n, "chunk": c, "wall_ms": wall * 1e3, "gpu_ms": total, "top": ranked}
 
 
+def attention_tiles(n: int, tiles: list[tuple], chunk: int = 4096, reps: int = 5) -> dict:
+    """The routed prefill attention kernel alone at GLM-4.7-Flash's attention dims (20 heads,
+    latent 512 + rope 64), the last `chunk` queries of an n-token context under the engine's
+    sparse settings, random latents and blocks: ms per call and TFLOP/s (visible keys only) for
+    each tile (forced) and the autotuner's pick; each checked against the
+    fp32 reference on the chunk's last 64 queries' rows."""
+    from docqa.engine.generate import _sparse_settings
+    from docqa.kernels.mla_sparse import fused_mla_routed_attention, naive_mla_routed_attention
+    from docqa.kernels.mla_sparse.naive import routed_token_mask
+
+    s = _sparse_settings(torch.bfloat16)
+    dev = torch.device("cuda")
+    h, r, p, b = FLASH["num_attention_heads"], FLASH["kv_lora_rank"], FLASH["qk_rope_head_dim"], s.block_size
+    g = torch.Generator(device=dev).manual_seed(0)
+    lat = torch.randn(n, r + p, device=dev, generator=g).to(torch.bfloat16)
+    q = (torch.randn(chunk, h, r + p, device=dev, generator=g) * 0.05).to(torch.bfloat16)
+    q0, rc = n - chunk, s.route_chunk
+    n_c = -(-chunk // rc)
+    last = torch.arange(1, n_c + 1, device=dev) * rc - 1 + q0
+    cand = (last - s.window + b) // b  # blocks first .. cand-1 are each routing chunk's candidates
+    first = s.sink_tokens // b
+    blocks = torch.stack([first + torch.randperm(int(e) - first, device=dev, generator=g)[: s.top_k]
+                          for e in cand.tolist()])
+    scale = (FLASH["qk_nope_head_dim"] + p) ** -0.5
+    seen = routed_token_mask(n, q0, chunk, blocks, rc, b, s.sink_tokens, s.window).sum().item()
+    flop = 2 * h * seen * (r + p + r)
+    tail = 64
+    ref = naive_mla_routed_attention(q[-tail:].float(), lat.float(), n - tail, blocks[-1:], tail, b, s.sink_tokens,
+                                     s.window, r, scale)
+    out = {"context": n, "chunk": chunk, "keys_per_query": seen / chunk, "tiles": {}}
+    for tile in [None, *tiles]:
+        name = "autotuned" if tile is None else str(tile)
+        try:
+            run = lambda: fused_mla_routed_attention(q, lat, q0, blocks, rc, b, s.sink_tokens, s.window, r,
+                                                     scale, tile=tile)
+            got = run()
+            sync(dev)
+            err = ((got[-tail:].float() - ref).norm() / ref.norm()).item()
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                run()
+                sync(dev)
+                times.append(time.perf_counter() - t0)
+            ms = statistics.median(times) * 1e3
+            out["tiles"][name] = {"ms": round(ms, 3), "tflops": round(flop / ms / 1e9, 1), "rel_err": err}
+            say(f"   {name:28s} {ms:7.2f} ms  {flop / ms / 1e9:6.1f} TFLOP/s  err {err:.1e}")
+        except Exception as e:  # a tile that does not fit (shared memory, registers) is a result too
+            out["tiles"][name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            say(f"   {name:28s} failed: {type(e).__name__}: {str(e)[:120]}")
+    return out
+
+
 def dense_figures(engine, n: int, decode_tokens: int, question_tokens: int) -> dict:
     """Dense MLA (`attention="dense"`) on the same path as `context_benchmark`: prefill s of n
     tokens, then decode ms/token after a question (the graph captured by a first run)."""
@@ -678,8 +731,11 @@ def run_glm5_fp8(a, device, tokenizer_dir, work) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
-    ap.add_argument("--parts", nargs="+", default=["flash", "glm5"], choices=["flash", "glm5", "glm5-fp8"],
-                    help="glm5-fp8 (not by default): the GLM-5 shape in FP8 vs bf16")
+    ap.add_argument("--parts", nargs="+", default=["flash", "glm5"], choices=["flash", "glm5", "glm5-fp8", "attention"],
+                    help="glm5-fp8 (not by default): the GLM-5 shape in FP8 vs bf16; attention (not by default): "
+                         "the routed prefill attention kernel alone at GLM-4.7-Flash's dims, per tile")
+    ap.add_argument("--tiles", nargs="*", default=[],
+                    help="extra (BLOCK_M,BLOCK_N,warps,stages) tiles for --parts attention, as 64,32,8,2")
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072], help="GLM-4.7-Flash contexts")
     ap.add_argument("--dense-contexts", type=int, nargs="*", default=[32768],
                     help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
@@ -728,6 +784,11 @@ def main() -> None:
         run_glm5(a, device, tokenizer_dir, work)
     if "glm5-fp8" in a.parts:
         run_glm5_fp8(a, device, tokenizer_dir, work)
+    if "attention" in a.parts and device.type == "cuda":
+        from docqa.kernels.mla_sparse.triton_mla_routed import ATTN_TILES
+        tiles = [*ATTN_TILES, *(tuple(int(v) for v in t.split(",")) for t in a.tiles)]
+        for n in a.contexts:
+            RESULTS[f"attention_{n}"] = stage(f"attention kernel @ {n}", attention_tiles, n, tiles)
     RESULTS["total_s"] = round(time.time() - t0, 1)
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)

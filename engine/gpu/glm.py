@@ -290,22 +290,29 @@ class GlmCudaDecoder:
             a = linear_mm(fused_rms_norm(x, ly.ln1, c.rms_eps), ly.wa)
             if ly.ba is not None:
                 a += ly.ba
-            b = linear_mm(fused_rms_norm(a[:, : self.qr].contiguous(), ly.q_a_norm, LATENT_NORM_EPS), ly.wb)
+            b = linear_mm(fused_rms_norm(a[:, : self.qr], ly.q_a_norm, LATENT_NORM_EPS), ly.wb)
         return a, b
 
-    def _latent(self, ly: GlmLayer, a: torch.Tensor, rot) -> torch.Tensor:
+    def _latent(self, ly: GlmLayer, a: torch.Tensor, rot, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The cached row [T, R + P]: normed latent | roped shared key (written into `out`, a
+        [T, R + P] row range of the cache, when given: no concatenated copy)."""
         qr, r = self.qr, self.r
-        c = fused_rms_norm(a[:, qr: qr + r].contiguous(), ly.kv_a_norm, LATENT_NORM_EPS)
-        k_rot = self.rope(a[:, None, qr + r: qr + r + self.p], rot)[:, 0]
-        return torch.cat((c, k_rot), dim=-1)
+        if out is None:
+            out = a.new_empty(a.shape[0], r + self.p)
+        fused_rms_norm(a[:, qr: qr + r], ly.kv_a_norm, LATENT_NORM_EPS, out=out[:, :r])
+        out[:, r:] = self.rope(a[:, None, qr + r: qr + r + self.p], rot)[:, 0]
+        return out
 
     def _queries(self, ly: GlmLayer, b: torch.Tensor, rot):
-        """-> (q_nope [T, H, nope], q_rot roped [T, H, P], absorbed query [T, H, R + P])."""
+        """-> (q_nope [T, H, nope], q_rot roped [T, H, P], absorbed query [T, H, R + P]); the
+        absorbed latent part is written by the batched matmul straight into its slice."""
         t, h = b.shape[0], self.config.n_heads
         q = b[:, : h * (self.nope + self.p)].view(t, h, self.nope + self.p)
         q_nope, q_rot = q[..., : self.nope], self.rope(q[..., self.nope:], rot)
-        q_lat = torch.bmm(q_nope.transpose(0, 1), ly.w_uk).transpose(0, 1)  # [T, H, R]
-        return q_nope, q_rot, torch.cat((q_lat, q_rot), dim=-1)
+        q_abs = b.new_empty(t, h, self.r + self.p)
+        torch.bmm(q_nope.transpose(0, 1), ly.w_uk, out=q_abs.transpose(0, 1)[..., : self.r])
+        q_abs[..., self.r:] = q_rot
+        return q_nope, q_rot, q_abs
 
     def _index_inputs(self, ly: GlmLayer, a: torch.Tensor, b: torch.Tensor, rot):
         """The indexer's roped queries [T, Hi, Di], roped keys [T, Di] and head weights [T, Hi]."""
@@ -411,7 +418,7 @@ class GlmCudaDecoder:
         t = x.shape[0]
         end = p0 + t
         a, b = self._project(ly, x, decode=False)
-        kv.kv[i, p0:end] = self._latent(ly, a, rot)
+        self._latent(ly, a, rot, out=kv.kv[i, p0:end])
         if kv.blocks:  # before routing: the chunk's own earlier blocks are candidates of its later queries
             store_latent_descriptors(kv.kv[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], p0, end, kv.settings.block_size)
         q_nope, q_rot, q_abs = self._queries(ly, b, rot)

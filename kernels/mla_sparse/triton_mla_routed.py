@@ -35,9 +35,12 @@ SCORE_PROGRAMS = 4 if interpreting() else 264  # block scoring aims at 2 program
 
 # prefill attention: BLOCK_M (query, head) rows x a [BLOCK_N, R + P] key tile; at R = 512 the
 # fp32 accumulator [BLOCK_M, 512] is what limits the tile, so a few shapes are tried once
-# (four: each compiles in seconds at R = 512, inside the first prefill of a process). As
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): tests run each of them at the real head dims.
-ATTN_TILES = ((64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 1), (32, 64, 4, 2))
+# (each compiles in seconds at R = 512, inside the first prefill of a process). As (BLOCK_M,
+# BLOCK_N, num_warps, num_stages); tests run each at the real head dims. On the H200 at
+# GLM-4.7-Flash's dims (`bench/gpu_glm.py --parts attention`) these three ran at 150-190
+# TFLOP/s; 128 rows (48), a 128-key tile (105) and a third stage (170) did not help, nor
+# did rescaling the accumulator only when a row's max grows by 2^8 (FlashAttention-4's trick).
+ATTN_TILES = ((64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 8, 2))
 _ATTN_CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4)] if interpreting() else [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=st) for bm, bn, nw, st in ATTN_TILES]
 
@@ -212,10 +215,11 @@ def _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, 
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
     if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p, k1, input_precision="ieee")
+        acc = acc + tl.dot(p, k1, input_precision="ieee")
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(k1.dtype), k1)
+        acc = acc + tl.dot(p.to(k1.dtype), k1)
     return m_new, l_i, acc
 
 
@@ -258,17 +262,20 @@ def _routed_prefill_kernel(q_ptr, kv_ptr, blk_ptr, o_ptr, n_q, q0, chunk, n_blk,
         vis = live[None, :] & (keys[None, :] <= pos[:, None])
         m_i, l_i, acc = _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, R, P, BLOCK_R,
                                      BLOCK_P, IEEE)
-    # the routing chunk's blocks: their keys outside each row's window and past the sinks
+    # the routing chunk's blocks: their keys outside each row's window and past the sinks. Each
+    # block's range is clipped to the keys some row of the program sees (at or past the sinks, at
+    # or before p_hi - win), so a block inside every row's window costs no tile.
+    k_far = tl.minimum(p_hi - win + 1, k_end)
     for j in range(0, n_blk):
         # int32 like the other loops' bounds: the compiler refuses a loop variable whose type
         # changes between loops (the block ids are int64)
         b = tl.load(blk_ptr + c * sb + j).to(tl.int32)
-        start = tl.maximum(b, 0) * bsz
-        stop = tl.where(b >= 0, start + bsz, start)
+        start = tl.maximum(tl.maximum(b, 0) * bsz, sinks)
+        stop = tl.where(b >= 0, tl.minimum(tl.maximum(b, 0) * bsz + bsz, k_far), start)
         for kb in range(start, stop, BLOCK_N):
             keys = kb + tl.arange(0, BLOCK_N)
-            live = (keys < stop) & (keys < k_end)
-            vis = live[None, :] & (keys[None, :] >= sinks) & (keys[None, :] <= pos[:, None] - win)
+            live = keys < stop
+            vis = live[None, :] & (keys[None, :] <= pos[:, None] - win)
             m_i, l_i, acc = _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, R, P,
                                          BLOCK_R, BLOCK_P, IEEE)
     # the window: keys pos - win + 1 .. pos of each row (none below the sinks)

@@ -53,10 +53,20 @@ def moe_prefill(h: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch
     ys = mm(act, w2, ends)
     del act
     del gu
-    # each token's k expert outputs side by side again, gathered through the inverse permutation:
-    # the scatter `back[order] = ys` was 4 % of a GLM-4.7-Flash prefill chunk's GPU time on the H200
+    # where each token's j-th choice landed in ys (the inverse of the sort's permutation)
     inv = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    return moe_combine(ys, inv, weights, residual)
+
+
+def moe_combine(ys: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual [T, H] += sum_j weights[t, j] * ys[inv[t K + j]] in place (returned): each token's
+    K expert outputs (ys [T K, H] in expert order) weighted and summed. One Triton pass on CUDA
+    (kernels/moe/triton_combine.py); here a gather into token order and one batched product."""
+    if ys.is_cuda:
+        from .triton_combine import fused_moe_combine
+
+        return fused_moe_combine(ys, inv, weights, residual)
+    t, k = weights.shape
     back = ys.index_select(0, inv)
-    # the weighted sum over a token's experts as one batched product, added to the residual
     residual.view(t, 1, -1).baddbmm_(weights.to(ys.dtype).view(t, 1, k), back.view(t, k, -1))
     return residual

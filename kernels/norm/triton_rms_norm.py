@@ -34,9 +34,10 @@ def fused_rms_norm(
         x2 = x2.contiguous()
     if out is None:
         out = torch.empty_like(x)
-    if out.shape != x.shape or not out.is_contiguous():
-        raise ValueError("out must be contiguous and shaped like x")
-    y2 = out.view(-1, d)
+    # a 2-D out may be a column slice of a wider buffer (the MLA latent written into its cache row)
+    if out.shape != x.shape or out.stride(-1) != 1 or (out.dim() != 2 and not out.is_contiguous()):
+        raise ValueError("out must be shaped like x, contiguous (or 2-D with unit-stride rows)")
+    y2 = out.reshape(-1, d)
     if x2.shape[0]:
         block = triton.next_power_of_2(d)
         _rms_norm_kernel[(x2.shape[0],)](
