@@ -69,8 +69,9 @@ def generate(
     reasoning_effort: Effort | None = typer.Option(None, "--reasoning-effort", help=EFFORT_HELP + " Needs --chat."),
     speculative: bool | None = typer.Option(
         None, "--speculative/--no-speculative", help="Checkpoints with an MTP layer (GLM-4.5+, GLM-5): draft with it "
-        "and verify with the model (same tokens as plain greedy), or decode one token per forward. Default: on the "
-        "CPU, off on the GPU (its plain decode is a CUDA graph per token)."),
+        "and verify with the model (same tokens as plain greedy; in bf16 on a GPU they can differ at near ties), or "
+        "decode one token per forward. Default: on the CPU, off on the GPU (there a verify step costs 10-17 plain "
+        "steps)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ):
     """Generate text from PROMPT, streaming tokens to stdout (greedy by default). A reasoning

@@ -112,7 +112,7 @@ class Engine:
     # Greedy decoding drafts with the checkpoint's MTP layer when it has one (same tokens, fewer
     # main-model forwards); False decodes one token per forward. None: on for the PyTorch model,
     # off on the Triton decoders, where plain greedy replays one CUDA graph per token and a verify
-    # step runs eagerly: whether drafting pays there is bench/gpu_mtp.py's to show (not yet run)
+    # step runs eagerly: on the H200 one cost 10-17 graphed steps (bench/results/gpu_mtp.md)
     speculative: bool | None = None
     rope: Rope = field(init=False)
     _prefix_cache: object = field(default=None, init=False, repr=False)

@@ -159,6 +159,7 @@ def test_triton_speculative_on_an_fp8_checkpoint(tmp_path, kind):
         assert any(k.endswith("mlp.experts.0.down_proj.weight_scale_inv") for k in f.keys())
     engine = Engine.load(path, device=DEV, kernels="triton", dtype=torch.float32)
     assert isinstance(engine.model.layers[1].wo, Fp8Weight)
+    engine.speculative = True  # off by default on the Triton decoders
     prompt = torch.randint(2, VOCAB, (30,), generator=torch.Generator().manual_seed(7)).tolist()
     res = engine.generate(prompt, NEW, stop_ids=())
     assert res.token_ids == hf_greedy(ref, prompt, NEW) and res.speculative["steps"] > 0
