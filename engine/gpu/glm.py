@@ -326,8 +326,12 @@ class GlmCudaDecoder:
         return self.rope(q, rot), self.rope(k[:, None], rot)[:, 0], w
 
     def _out(self, ly: GlmLayer, o_lat: torch.Tensor) -> torch.Tensor:
-        """o_lat [T, H, R] -> [T, H * v] (W_UV applied)."""
-        return torch.bmm(o_lat.transpose(0, 1), ly.w_uv_t).transpose(0, 1).reshape(o_lat.shape[0], -1)
+        """o_lat [T, H, R] -> [T, H * v] (W_UV applied; the batched matmul writes token-major
+        rows itself, no transposed copy)."""
+        t, h = o_lat.shape[:2]
+        o = o_lat.new_empty(t, h, self.vd)
+        torch.bmm(o_lat.transpose(0, 1), ly.w_uv_t, out=o.transpose(0, 1))
+        return o.view(t, h * self.vd)
 
     def _dense_prefill_attention(self, ly, q_nope, q_rot, kv, layer: int, end: int) -> torch.Tensor:
         """Causal attention of the chunk's queries over tokens 0..end-1, keys and values expanded
