@@ -395,9 +395,13 @@ class Engine:
 
     def _verifies_exactly(self, state) -> bool:
         """Whether a verify forward of [token, draft] attends as two decode steps would, so the
-        kept tokens are plain greedy decoding's. On the Triton decoders it is a prefill, whose
-        block routing (sparse settings: per routing chunk) differs from decode's (per token):
-        speculation runs on dense states and GLM-5's indexer (per query in both) only."""
+        kept tokens are plain greedy decoding's. The routed states (SparseKVState on the CPU, the
+        Triton decoders' sparse states) route a forward's queries per routing chunk, so the token
+        and its draft share one choice of blocks where two decode steps choose one each (on the
+        CPU that changed a tiny GLM-4.5's tokens from the third on). Speculation runs on dense
+        states, the CPU's MLA latents (attended whole) and GLM-5's indexer (per query) only."""
+        if isinstance(state, SparseKVState):
+            return state.settings.attention == "dense"
         if not self.triton:
             return True
         return not getattr(state, "routed", state.settings.attention != "dense")

@@ -160,3 +160,28 @@ def test_engine_generate_cli_reports_acceptance(tmp_path):
     spec = runs[0]["speculative"]
     assert spec["acceptance_length"] == pytest.approx(1 + spec["accepted"] / spec["steps"])
     assert runs[1]["speculative"] is None
+
+
+def test_engine_does_not_speculate_on_a_routed_sparse_state(tmp_path):
+    """A GQA GLM on the CPU's routed state (sinks + top-k blocks + window, a budget far below the
+    context): a verify forward of [token, draft] would route both queries together where two
+    decode steps route one each (speculating there gave other tokens from the third on), so
+    generation decodes one token per forward there and its tokens are plain greedy's; a dense
+    state of the same engine still speculates."""
+    from docqa.engine import Engine
+    from test_glm import write_glm_tokenizer
+
+    make_tiny_glm(tmp_path, "glm4_moe")
+    add_mtp_layer(tmp_path)
+    write_glm_tokenizer(tmp_path)
+    engine = Engine.load(tmp_path, device="cpu")
+    torch.manual_seed(7)
+    prompt = torch.randint(2, VOCAB, (60,)).tolist()
+    tight = engine.sparse_settings(window=8, top_k=2, block_size=4, sink_tokens=2, dense_below=0, route_chunk=8,
+                                   route_tail=2)
+    engine.speculative = False
+    plain = engine.generate(prompt, 30, state=engine.new_state(128, tight), stop_ids=())
+    engine.speculative = True
+    res = engine.generate(prompt, 30, state=engine.new_state(128, tight), stop_ids=())
+    assert res.speculative is None and res.token_ids == plain.token_ids
+    assert engine.generate(prompt, 4, stop_ids=()).speculative is not None  # the dense state speculates
