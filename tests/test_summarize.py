@@ -309,3 +309,22 @@ def test_topic_sentences_spread_over_sections_and_party_blocks_over_the_document
     assert spread([0, 1, 4, 2, 3], members, 4) == [0, 2, 3, 1]
     assert spaced(list(range(10)), 3) == [1, 5, 8]
     assert spaced([1, 2], 3) == [1, 2]
+
+
+def test_a_topic_named_by_its_words_gets_the_same_name_in_every_process():
+    """A topic without a section title is named by its commonest words; equally common ones
+    keep the order they first appear in, whatever the process's string hash seed (a set's order
+    made the same document's topic titles differ between runs)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from docqa.pipelines.answer import summarize as m\n"
+            "from docqa.pipelines.answer.citations import Citation\n"
+            "m.section_of = lambda *a, **k: None\n"
+            "c = Citation(doc_id='d', page=1, element_id=None, line_start=1, line_end=1, quote='x', verified=True)\n"
+            "texts = ['Licensee shall deliver quarterly royalty reports', 'Quarterly reports list royalty payments']\n"
+            "print(m.cluster_title([m.Statement(doc_id='d', segment=0, text=t, citations=[c]) for t in texts], {'d': None}))")
+    names = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)},
+                            capture_output=True, text=True, check=True).stdout.strip() for seed in range(5)}
+    assert names == {"Quarterly, royalty, reports"}

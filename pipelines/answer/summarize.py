@@ -570,7 +570,9 @@ def cluster_title(members: Sequence[Statement], docs: Mapping[str, Document]) ->
         name, n = titles.most_common(1)[0]
         if n * 2 >= len(members) or len(titles) == 1:
             return name
-    words = Counter(w for s in members for w in set(content_words(s.text)) if len(w) > 3 and not w.isdigit())
+    # each statement's words once, in their order (not a set's, which varies with the hash seed):
+    # equally common words then keep the order they first appear in, the same in every run
+    words = Counter(w for s in members for w in dict.fromkeys(content_words(s.text)) if len(w) > 3 and not w.isdigit())
     return ", ".join(w for w, _ in words.most_common(3)).capitalize() or "Other"
 
 
