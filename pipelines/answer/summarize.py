@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -570,10 +570,15 @@ def cluster_title(members: Sequence[Statement], docs: Mapping[str, Document]) ->
         name, n = titles.most_common(1)[0]
         if n * 2 >= len(members) or len(titles) == 1:
             return name
-    # each statement's words once, in their order (not a set's, which varies with the hash seed):
-    # equally common words then keep the order they first appear in, the same in every run
-    words = Counter(w for s in members for w in dict.fromkeys(content_words(s.text)) if len(w) > 3 and not w.isdigit())
-    return ", ".join(w for w, _ in words.most_common(3)).capitalize() or "Other"
+    return ", ".join(common_words((s.text for s in members), 3)).capitalize() or "Other"
+
+
+def common_words(texts: Iterable[str], n: int) -> list[str]:
+    """The n words (over three letters, not numbers) that most of the texts hold. Each text's
+    words count once, in their order (not a set's, which varies with the hash seed), so equally
+    common words keep the order they first appear in: the same names in every run."""
+    words = Counter(w for t in texts for w in dict.fromkeys(content_words(t)) if len(w) > 3 and not w.isdigit())
+    return [w for w, _ in words.most_common(n)]
 
 
 def cluster_key(members: Sequence[Statement]) -> str:
@@ -884,8 +889,7 @@ def merge(docs: Mapping[str, Document], stmts: Sequence[Statement], clusters: Se
     for cs in clusters:
         title = cs.title
         if repeated[title] > 1:  # several topics in one section: say what sets each apart
-            words = Counter(w for x in cs.sentences for w in set(content_words(x.text)) if len(w) > 3 and not w.isdigit())
-            title += " — " + ", ".join(w for w, _ in words.most_common(2))
+            title += " — " + ", ".join(common_words((x.text for x in cs.sentences), 2))
         blocks.append(Block(kind="topic", title=f"Topic: {title}", sentences=cs.sentences))
     blocks += conflict_blocks(docs, stmts, names)
     summary = Summary(doc_ids=list(docs), length=length, focus=focus, blocks=blocks, rejected=rejected,
