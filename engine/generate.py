@@ -398,13 +398,10 @@ class Engine:
         kept tokens are plain greedy decoding's. The routed states (SparseKVState on the CPU, the
         Triton decoders' sparse states) route a forward's queries per routing chunk, so the token
         and its draft share one choice of blocks where two decode steps choose one each (on the
-        CPU that changed a tiny GLM-4.5's tokens from the third on). Speculation runs on dense
-        states, the CPU's MLA latents (attended whole) and GLM-5's indexer (per query) only."""
-        if isinstance(state, SparseKVState):
-            return state.settings.attention == "dense"
-        if not self.triton:
-            return True
-        return not getattr(state, "routed", state.settings.attention != "dense")
+        CPU that changed a tiny GLM-4.5's tokens from the third on). Each state says so in its
+        `routed`; the others (dense states, the CPU's MLA latents attended whole, GLM-5's indexer
+        choosing per query) have none or False."""
+        return not getattr(state, "routed", False)
 
     def _hidden_forward(self, ids: torch.Tensor, state, *, last_only: bool = False, chunk_size: int | None = None,
                         on_chunk=None, return_hidden: bool = True):

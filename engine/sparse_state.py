@@ -52,6 +52,7 @@ class SparseKVState(SegmentedState):
     ):
         self.config = config
         self.settings = settings or EngineSettings()
+        self.routed = self.settings.attention != "dense"  # see KVStateBase.routed (engine/gpu/state.py)
         self.rope = rope if rope is not None else Rope(config)
         s = self.settings
         self.cache = SegmentedKVCache(

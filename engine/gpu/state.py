@@ -41,6 +41,9 @@ class KVStateBase:
 
     def __init__(self, config: ModelConfig, settings: EngineSettings):
         self.config, self.settings = config, settings
+        # whether a forward's queries share routed blocks (per routing chunk): then a prefill of
+        # [token, draft] is not two decode steps, and MTP does not speculate (Engine._verifies_exactly)
+        self.routed = settings.attention != "dense"
         self.num_tokens = 0
         self.decode_graph = None  # GraphedDecode bound to this state's buffers, made on first decode
         # keys are rotated at true positions: not interchangeable with the CPU state's unrotated ones
