@@ -352,11 +352,17 @@ def attention_by_layer(engine, n: int, tail: int = 64) -> dict:
     three ways: routed with every block in budget (the product's kernel, autotuned), dense MLA as
     the engine's dense state does (SDPA on keys and values expanded from the latent), and an fp32
     reference on the latent (causal softmax(q.lat) lat[:, :R], every key). Relative errors of the
-    attention outputs (after W_UV) against the reference; for the worst layer, each of the routed
-    kernel's tile configs forced, and where along the queries its error sits."""
+    attention outputs (after W_UV) against the reference; for the worst layer, each tile config
+    of both routed kernels (absorbed, and on expanded keys and values: the decoder picks one per
+    call) forced, and where along the queries its error sits."""
     from docqa.kernels.linear.triton_fp8 import linear_add_mm
-    from docqa.kernels.mla_sparse.triton_mla_routed import ATTN_TILES, fused_mla_routed_attention, \
-        store_latent_descriptors
+    from docqa.kernels.mla_sparse.triton_mla_routed import (
+        ATTN_TILES,
+        EXP_TILES,
+        fused_mla_routed_attention,
+        fused_mla_routed_attention_expanded,
+        store_latent_descriptors,
+    )
 
     m, dev = engine.model, engine.device
     settings = engine.sparse_settings(top_k=1 << 20)
@@ -387,22 +393,27 @@ def attention_by_layer(engine, n: int, tail: int = 64) -> dict:
             ref_lat = torch.einsum("hts,sr->thr", s.softmax(-1), lat[:, : m.r])
             del s
             ref = out_fp32(ly, ref_lat)
-            routed_lat = m._routed_prefill_attention(q_abs, kv, i, a)
+            routed = m._routed_prefill_attention(ly, q_nope, q_rot, q_abs, kv, i, a)
             dense = m._dense_prefill_attention(ly, q_nope, q_rot, kv, i, b)
-            row = {"layer": i, "call": [a, b], "routed": rel(m._out(ly, routed_lat), ref), "dense": rel(dense, ref),
-                   "routed_lat": rel(routed_lat, ref_lat)}
+            nb = -(-b // settings.block_size)
+            head = b - a - settings.route_tail  # the call's queries routed by chunks (the rest: on their own)
+            row = {"layer": i, "call": [a, b], "routed": rel(routed, ref), "dense": rel(dense, ref),
+                   "expanded": m._expands(head, a, -(-head // settings.route_chunk) * nb, settings)}
             rows.append(row)
             if worst is None or row["routed"] > worst[0]["routed"]:
-                per_pos = ((routed_lat.float() - ref_lat).norm(dim=(1, 2)) / ref_lat.norm(dim=(1, 2))).cpu()
-                per_head = ((routed_lat.float() - ref_lat).norm(dim=(0, 2)) / ref_lat.norm(dim=(0, 2))).cpu()
+                diff, ref3 = (routed.float() - ref).view(b - a, -1, m.vd), ref.view(b - a, -1, m.vd)
+                per_pos = (diff.norm(dim=(1, 2)) / ref3.norm(dim=(1, 2))).cpu()
+                per_head = (diff.norm(dim=(0, 2)) / ref3.norm(dim=(0, 2))).cpu()
                 tiles = {}
-                for k, tile in enumerate(ATTN_TILES):
-                    one = torch.empty_like(routed_lat)
-                    nb = -(-b // settings.block_size)
-                    every = torch.arange(nb, device=dev).expand(-(-(b - a) // settings.route_chunk), nb).contiguous()
-                    fused_mla_routed_attention(q_abs, kv.kv[i], a, every, settings.route_chunk, settings.block_size,
-                                               settings.sink_tokens, settings.window, m.r, m.scale, out=one, tile=tile)
-                    tiles[str(tile)] = rel(one, ref_lat)
+                every = torch.arange(nb, device=dev).expand(-(-(b - a) // settings.route_chunk), nb).contiguous()
+                args = (a, every, settings.route_chunk, settings.block_size, settings.sink_tokens, settings.window)
+                for tile in ATTN_TILES:
+                    one = fused_mla_routed_attention(q_abs, kv.kv[i], *args, m.r, m.scale, tile=tile)
+                    tiles[f"absorbed {tile}"] = rel(one, ref_lat)
+                for tile in EXP_TILES:
+                    one = fused_mla_routed_attention_expanded(q_nope, q_rot, kv.kv[i], ly.w_kv, *args, m.scale,
+                                                              tile=tile)
+                    tiles[f"expanded {tile}"] = rel(one, ref3)
                 bad = torch.nonzero(per_pos > 10 * per_pos.median()).flatten()
                 worst = (row, {"tiles_forced": tiles, "per_head": [round(v, 5) for v in per_head.tolist()],
                                "per_pos_median": per_pos.median().item(), "per_pos_max": per_pos.max().item(),
@@ -414,7 +425,7 @@ def attention_by_layer(engine, n: int, tail: int = 64) -> dict:
     for r in rows:
         if r["routed"] > 2e-2 or r["dense"] > 2e-2 or r["layer"] in (0, len(m.layers) - 1):
             say(f"   layer {r['layer']:2d} tokens {r['call'][0]}..{r['call'][1]}: routed {r['routed']:.2e} "
-                f"(latent {r['routed_lat']:.2e}), dense {r['dense']:.2e} (vs the fp32 reference)")
+                f"({'expanded' if r['expanded'] else 'absorbed'}), dense {r['dense']:.2e} (vs the fp32 reference)")
     say(f"   worst routed: {worst[0]} -> {worst[1]}")
     # routed and dense MLA round differently (bf16 probabilities times the latent vs SDPA on
     # expanded keys): each within bf16's error of the fp32 reference, and neither far worse
@@ -454,22 +465,64 @@ def prefill_profile(engine, n: int, top: int = 25) -> dict:
     say(f"   last {c}-token chunk at {n}: wall {wall * 1e3:.1f} ms (profiled), GPU kernels {total:.1f} ms")
     for name, ms in ranked:
         say(f"   {ms:8.2f} ms  {100 * ms / total:5.1f} %  {name[:110]}")
-    return {"context": n, "chunk": c, "wall_ms": wall * 1e3, "gpu_ms": total, "top": ranked}
+    out = {"context": n, "chunk": c, "wall_ms": wall * 1e3, "gpu_ms": total, "top": ranked, "host": {}}
+    # the host's side: a call's wall time unprofiled, and where its Python time goes (cProfile);
+    # a call whose wall exceeds its GPU kernels' time is bound by launching them
+    for t in (c, 64):
+        out["host"][t] = host_profile(lambda: engine.model.prefill(ids[n - t:], state, n - t), engine.device, top)
+    return out
+
+
+def host_profile(call, dev, top: int) -> dict:
+    """`call`'s median wall ms (3 runs) and a cProfile of one more: the functions with the most
+    time of their own."""
+    import cProfile
+    import pstats
+
+    walls = []
+    for _ in range(3):
+        sync(dev)
+        t0 = time.perf_counter()
+        call()
+        sync(dev)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    prof = cProfile.Profile()
+    sync(dev)
+    prof.enable()
+    call()
+    sync(dev)
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = sorted(((v[2], v[3], v[1], f"{k[0].split('/')[-1]}:{k[1]} {k[2]}") for k, v in st.stats.items()),
+                  reverse=True)[:top]
+    wall = statistics.median(walls)
+    say(f"   host: {wall:.1f} ms a call (median of 3); cProfile of one, own time / with callees / calls:")
+    for own, cum, calls, name in rows:
+        say(f"   {own * 1e3:8.2f} {cum * 1e3:8.2f} {calls:6d}  {name[:100]}")
+    return {"wall_ms": wall, "top_own": [[round(o * 1e3, 2), round(cu * 1e3, 2), n, name] for o, cu, n, name in rows]}
 
 
 def attention_tiles(n: int, tiles: list[tuple], chunk: int = 4096, reps: int = 5) -> dict:
-    """The routed prefill attention kernel alone at GLM-4.7-Flash's attention dims (20 heads,
-    latent 512 + rope 64), the last `chunk` queries of an n-token context under the engine's
-    sparse settings, random latents and blocks: ms per call and TFLOP/s (visible keys only) for
-    each tile (forced) and the autotuner's pick; each checked against the
-    fp32 reference on the chunk's last 64 queries' rows."""
+    """The routed prefill attention kernels alone at GLM-4.7-Flash's attention dims (20 heads,
+    latent 512 + rope 64; nope 192, v 256), the last `chunk` queries of an n-token context under
+    the engine's sparse settings, random latents and blocks: ms per call and TFLOP/s (of each
+    form's own work on the visible keys) for each tile (forced) and the autotuner's pick, in
+    both forms (absorbed on the latent; expanded keys and values, the gather and GEMM included);
+    each checked against its fp32 reference on the chunk's last 64 queries' rows."""
     from docqa.engine.generate import _sparse_settings
-    from docqa.kernels.mla_sparse import fused_mla_routed_attention, naive_mla_routed_attention
+    from docqa.kernels.mla_sparse import (
+        fused_mla_routed_attention,
+        fused_mla_routed_attention_expanded,
+        naive_mla_routed_attention,
+        naive_mla_routed_attention_expanded,
+    )
     from docqa.kernels.mla_sparse.naive import routed_token_mask
+    from docqa.kernels.mla_sparse.triton_mla_routed import EXP_TILES
 
     s = _sparse_settings(torch.bfloat16)
     dev = torch.device("cuda")
     h, r, p, b = FLASH["num_attention_heads"], FLASH["kv_lora_rank"], FLASH["qk_rope_head_dim"], s.block_size
+    n_nope, v = FLASH["qk_nope_head_dim"], FLASH["v_head_dim"]
     g = torch.Generator(device=dev).manual_seed(0)
     lat = torch.randn(n, r + p, device=dev, generator=g).to(torch.bfloat16)
     q = (torch.randn(chunk, h, r + p, device=dev, generator=g) * 0.05).to(torch.bfloat16)
@@ -486,12 +539,22 @@ def attention_tiles(n: int, tiles: list[tuple], chunk: int = 4096, reps: int = 5
     tail = 64
     ref = naive_mla_routed_attention(q[-tail:].float(), lat.float(), n - tail, blocks[-1:], tail, b, s.sink_tokens,
                                      s.window, r, scale)
+    # the expanded form: q = [q_nope W_UK | q_rot] above, keys and values from w_kv per head
+    w_kv = (torch.randn(h, n_nope + v, r, device=dev, generator=g) * r ** -0.5).to(torch.bfloat16)
+    q_nope = (torch.randn(chunk, h, n_nope, device=dev, generator=g) * 0.05).to(torch.bfloat16)
+    q_rot = q[..., r:]
+    ref_exp = naive_mla_routed_attention_expanded(q_nope[-tail:], q_rot[-tail:], lat, w_kv, n - tail, blocks[-1:],
+                                                  tail, b, s.sink_tokens, s.window, scale).float()
     out = {"context": n, "chunk": chunk, "keys_per_query": seen / chunk, "tiles": {}}
-    for tile in [None, *tiles]:
-        name = "autotuned" if tile is None else str(tile)
+    runs = [("absorbed", tile, flop, ref, lambda tile: fused_mla_routed_attention(
+        q, lat, q0, blocks, rc, b, s.sink_tokens, s.window, r, scale, tile=tile)) for tile in [None, *tiles]]
+    runs += [("expanded", tile, 2 * h * seen * (n_nope + p + v), ref_exp, lambda tile: fused_mla_routed_attention_expanded(
+        q_nope, q_rot, lat, w_kv, q0, blocks, rc, b, s.sink_tokens, s.window, scale, tile=tile))
+        for tile in [None, *EXP_TILES]]
+    for form, tile, flop, ref, call in runs:
+        name = f"{form} {'autotuned' if tile is None else tile}"
         try:
-            run = lambda: fused_mla_routed_attention(q, lat, q0, blocks, rc, b, s.sink_tokens, s.window, r,
-                                                     scale, tile=tile)
+            run = lambda: call(tile)
             got = run()
             sync(dev)
             err = ((got[-tail:].float() - ref).norm() / ref.norm()).item()
@@ -503,7 +566,7 @@ def attention_tiles(n: int, tiles: list[tuple], chunk: int = 4096, reps: int = 5
                 times.append(time.perf_counter() - t0)
             ms = statistics.median(times) * 1e3
             out["tiles"][name] = {"ms": round(ms, 3), "tflops": round(flop / ms / 1e9, 1), "rel_err": err}
-            say(f"   {name:28s} {ms:7.2f} ms  {flop / ms / 1e9:6.1f} TFLOP/s  err {err:.1e}")
+            say(f"   {name:37s} {ms:7.2f} ms  {flop / ms / 1e9:6.1f} TFLOP/s  err {err:.1e}")
         except Exception as e:  # a tile that does not fit (shared memory, registers) is a result too
             out["tiles"][name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
             say(f"   {name:28s} failed: {type(e).__name__}: {str(e)[:120]}")
@@ -560,10 +623,11 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
     engine = stage("flash: Engine.load", load_engine, ckpt, device)
     if engine is None:
         return
-    r["routed_vs_dense"] = stage(f"flash: routed vs dense MLA logits @ {a.check_context}", routed_vs_dense, engine,
-                                 a.check_context)
-    r["attention_by_layer"] = stage(f"flash: attention by layer vs an fp32 reference @ {a.check_context}",
-                                    attention_by_layer, engine, a.check_context)
+    if a.check_context:
+        r["routed_vs_dense"] = stage(f"flash: routed vs dense MLA logits @ {a.check_context}", routed_vs_dense,
+                                     engine, a.check_context)
+        r["attention_by_layer"] = stage(f"flash: attention by layer vs an fp32 reference @ {a.check_context}",
+                                        attention_by_layer, engine, a.check_context)
     for n in a.dense_contexts:
         res = stage(f"flash: dense MLA @ {n}", dense_figures, engine, n, a.decode_tokens, a.question_tokens)
         r[f"dense_{n}"] = res
@@ -740,7 +804,7 @@ def main() -> None:
     ap.add_argument("--dense-contexts", type=int, nargs="*", default=[32768],
                     help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
     ap.add_argument("--check-context", type=int, default=8192,
-                    help="context of the routed-vs-dense logits check on the GLM-4.7-Flash shape")
+                    help="context of the routed-vs-dense logits checks on the GLM-4.7-Flash shape (0: skip them)")
     ap.add_argument("--profile-context", type=int, default=0,
                     help="profile the last prefill chunk of a routed GLM-4.7-Flash prefill of this many tokens (0: no)")
     ap.add_argument("--hf-contexts", type=int, nargs="*", default=[32768],

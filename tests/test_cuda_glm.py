@@ -219,11 +219,22 @@ def routed_settings(engine, **over):
                                             chunk_size=24, top_k=64), **over})
 
 
-def test_cuda_glm_routed_with_the_whole_context_in_budget_matches_hf(tmp_path):
+def force_expanded(monkeypatch, expand: bool) -> None:
+    """Routed prefill on the absorbed kernel (False) or on expanded keys and values (True), which
+    the decoder picks per call by cost (a tiny model's calls would all stay absorbed)."""
+    from docqa.engine.gpu.glm import GlmCudaDecoder
+
+    monkeypatch.setattr(GlmCudaDecoder, "_expands", lambda self, *args: expand)
+
+
+@pytest.mark.parametrize("expand", [False, True], ids=["absorbed", "expanded"])
+def test_cuda_glm_routed_with_the_whole_context_in_budget_matches_hf(tmp_path, monkeypatch, expand):
     """With top_k above the number of blocks every candidate is read: sinks + blocks + window is
-    the whole causal context, so chunked prefill and graphed decode give HF's (dense) logits."""
+    the whole causal context, so chunked prefill (either form of the attention) and graphed
+    decode give HF's (dense) logits."""
     ref = make_tiny_glm(tmp_path, "glm4_moe_lite")
     engine = glm_engine(tmp_path)
+    force_expanded(monkeypatch, expand)
     ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(8))
     want = hf_logits(ref, ids)
     state = engine.new_state(8, routed_settings(engine))
@@ -286,15 +297,21 @@ def test_cuda_glm_routed_whole_budget_is_dense_mla_at_the_real_attention_dims(tm
     close(routed, dense, 0.1 * dense.std().item() if gpu else 1e-5)
 
 
-def test_cuda_glm_routed_small_budget_matches_reference_of_the_same_selection(tmp_path, monkeypatch):
+@pytest.mark.parametrize("expand", [False, True], ids=["absorbed", "expanded"])
+def test_cuda_glm_routed_small_budget_matches_reference_of_the_same_selection(tmp_path, monkeypatch, expand):
     """One routed block per routing chunk (far below the context): the logits leave HF's, and
     equal the same decoder with block scoring and attention done by the PyTorch references
     (kernels/mla_sparse naive_*), so the kernels route and attend as the references would."""
     from docqa.engine.gpu import glm
-    from docqa.kernels.mla_sparse import naive_mla_block_scores, naive_mla_routed_attention
+    from docqa.kernels.mla_sparse import (
+        naive_mla_block_scores,
+        naive_mla_routed_attention,
+        naive_mla_routed_attention_expanded,
+    )
 
     ref = make_tiny_glm(tmp_path, "glm4_moe_lite")
     engine = glm_engine(tmp_path)
+    force_expanded(monkeypatch, expand)
     ids = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(9))
     settings = routed_settings(engine, top_k=1)
 
@@ -312,8 +329,12 @@ def test_cuda_glm_routed_small_budget_matches_reference_of_the_same_selection(tm
             q0 = int(end) * b + window - b
         return naive_mla_block_scores(q, kmin, kmax, kmean, method, chunk, q0, first, window, b).to(q.device)
 
-    def attention(q, lat, q0, blocks, chunk, b, sinks, window, r, scale, out):
-        out.copy_(naive_mla_routed_attention(q, lat, q0, blocks, chunk, b, sinks, window, r, scale))
+    def attention(q, lat, q0, blocks, chunk, b, sinks, window, r, scale):
+        return naive_mla_routed_attention(q, lat, q0, blocks, chunk, b, sinks, window, r, scale)
+
+    def expanded(q_nope, q_rot, lat, w_kv, q0, blocks, chunk, b, sinks, window, scale, out):
+        out.copy_(naive_mla_routed_attention_expanded(q_nope, q_rot, lat, w_kv, q0, blocks, chunk, b, sinks, window,
+                                                      scale))
         return out
 
     def decode(q, lat, length, r, scale, indices=None, *, routed):
@@ -322,6 +343,7 @@ def test_cuda_glm_routed_small_budget_matches_reference_of_the_same_selection(tm
 
     monkeypatch.setattr(glm, "fused_mla_block_scores", scores)
     monkeypatch.setattr(glm, "fused_mla_routed_attention", attention)
+    monkeypatch.setattr(glm, "fused_mla_routed_attention_expanded", expanded)
     monkeypatch.setattr(glm, "fused_mla_decode", decode)
     # the references read host values (int(end), int(length)): their decode runs eagerly, not
     # captured as a CUDA graph (the kernels' run above is graphed on a GPU)

@@ -228,6 +228,90 @@ def test_mla_routed_attention_at_the_real_head_dims_with_every_gpu_tile(tile, dt
         assert rel_err(got.float(), want.float()) < TOL[dtype] * (10 if dtype == torch.float32 else 1)
 
 
+# --- the same attention on keys and values expanded per head (long prefill calls) --------------
+
+def _expanded_inputs(t, h, n, v, r, p, q0, g):
+    """Queries in both forms: q_nope [T, H, N], q_rot [T, H, P], kv_b_proj per head w_kv
+    [H, N + V, R], and the absorbed query [q_nope W_UK | q_rot] the latent kernels read."""
+    q_nope = torch.randn(t, h, n, generator=g)
+    q_rot = torch.randn(t, h, p, generator=g)
+    w_kv = torch.randn(h, n + v, r, generator=g) * r ** -0.5
+    q_abs = torch.cat((torch.einsum("thn,hnr->thr", q_nope, w_kv[:, :n]), q_rot), dim=-1)
+    lat = torch.randn(q0 + t, r + p, generator=g)
+    return q_nope, q_rot, w_kv, q_abs, lat
+
+
+def test_expanded_reference_equals_absorbed_reference_after_w_uv():
+    """The two forms of MLA are one attention: keys [c W_UK^T | k_rot] and values c W_UV^T per
+    head against the absorbed query on the latent, its output then multiplied by W_UV^T."""
+    from docqa.kernels.mla_sparse import naive_mla_routed_attention, naive_mla_routed_attention_expanded
+
+    g = torch.Generator().manual_seed(3)
+    t, h, n, v, r, p, q0, chunk, b, sinks, win = 11, 3, 24, 20, 32, 16, 50, 4, 8, 3, 10
+    q_nope, q_rot, w_kv, q_abs, lat = _expanded_inputs(t, h, n, v, r, p, q0, g)
+    blocks = _random_blocks(-(-t // chunk), 2, -(-(q0 + t) // b), g)
+    scale = (n + p) ** -0.5
+    absorbed = naive_mla_routed_attention(q_abs.double(), lat.double(), q0, blocks, chunk, b, sinks, win, r, scale)
+    want = torch.einsum("thr,hvr->thv", absorbed, w_kv[:, n:].double())
+    got = naive_mla_routed_attention_expanded(q_nope.double(), q_rot.double(), lat.double(), w_kv.double(), q0,
+                                              blocks, chunk, b, sinks, win, scale)
+    assert rel_err(got, want) < 1e-6  # both references compute in fp32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t, h, n, v, r, p, q0, chunk, b, sinks, win", [
+    (19, 5, 24, 20, 40, 8, 70, 8, 8, 3, 12),  # N = 16 + 8 (a masked remainder), ragged last chunk
+    (37, 4, 32, 16, 32, 16, 100, 16, 16, 20, 16),  # N a power of two, sinks past a block, 3 query tiles
+    (6, 3, 16, 16, 16, 16, 2, 4, 4, 4, 8),  # the first call: fewer keys than sinks, window before 0
+])
+def test_mla_routed_attention_expanded_matches_reference(t, h, n, v, r, p, q0, chunk, b, sinks, win, dtype):
+    from docqa.kernels.mla_sparse import fused_mla_routed_attention_expanded, naive_mla_routed_attention_expanded
+
+    g = torch.Generator().manual_seed(t + h)
+    q_nope, q_rot, w_kv, _, lat = _expanded_inputs(t, h, n, v, r, p, q0, g)
+    nb = -(-(q0 + t) // b)
+    blocks = _random_blocks(-(-t // chunk), 3, nb, g) if nb >= 3 else torch.full((-(-t // chunk), 1), -1)
+    scale = (n + p) ** -0.5
+    want = naive_mla_routed_attention_expanded(q_nope, q_rot, lat.to(dtype).float(), w_kv.to(dtype).float(), q0,
+                                               blocks, chunk, b, sinks, win, scale)
+    # q_nope as the decoder passes it: a strided view of a wider projection
+    wide = torch.cat((q_nope, q_rot), dim=-1).to(DEVICE, dtype)
+    got = fused_mla_routed_attention_expanded(wide[..., :n], q_rot.to(DEVICE, dtype), _cache(lat.to(dtype)),
+                                              w_kv.to(DEVICE, dtype), q0, blocks.to(DEVICE), chunk, b, sinks, win,
+                                              scale).cpu()
+    assert got.dtype == dtype
+    assert rel_err(got.float(), want) < TOL[dtype] * (2 if dtype == torch.bfloat16 else 1)
+
+
+@pytest.mark.parametrize("dtype", _gpu_only_bf16())
+@pytest.mark.parametrize("tile", [pytest.param(i, marks=[] if i == 0 or DEVICE == "cuda" else [pytest.mark.slow])
+                                  for i in range(4)])
+def test_mla_routed_attention_expanded_at_the_real_head_dims_with_every_gpu_tile(tile, dtype):
+    """GLM-4.7-Flash's dims (20 heads, N 192 = 128 + 64, V 256, P 64, R 512) under each GPU
+    config, forced: every block selected is dense causal attention of the expanded form, a few
+    are the reference's; queries start mid-block and off a routing-chunk boundary."""
+    from docqa.kernels.mla_sparse import fused_mla_routed_attention_expanded, naive_mla_routed_attention_expanded
+    from docqa.kernels.mla_sparse.triton_mla_routed import EXP_TILES
+
+    g = torch.Generator().manual_seed(60 + tile)
+    t, h, n, v, r, p, q0, chunk, b, sinks, win = 70, 20, 192, 256, 512, 64, 131, 32, 16, 4, 24
+    q_nope, q_rot, w_kv, _, lat = _expanded_inputs(t, h, n, v, r, p, q0, g)
+    nb, n_c = -(-(q0 + t) // b), -(-t // chunk)
+    every = torch.stack([torch.cat((torch.randperm(nb, generator=g), torch.tensor([-1, -1])))[
+        torch.randperm(nb + 2, generator=g)] for _ in range(n_c)])
+    some = _random_blocks(n_c, 3, nb, g)
+    scale = (n + p) ** -0.5
+    full = torch.arange(nb).expand(n_c, -1)
+    for blocks, ref_blocks in ((every, full), (some, some)):
+        want = naive_mla_routed_attention_expanded(q_nope, q_rot, lat, w_kv, q0, ref_blocks, chunk, b, sinks, win,
+                                                   scale)
+        got = fused_mla_routed_attention_expanded(q_nope.to(DEVICE, dtype), q_rot.to(DEVICE, dtype),
+                                                  _cache(lat.to(dtype)), w_kv.to(DEVICE, dtype), q0,
+                                                  blocks.to(DEVICE), chunk, b, sinks, win, scale,
+                                                  tile=EXP_TILES[tile]).cpu()
+        assert rel_err(got.float(), want) < TOL[dtype] * (10 if dtype == torch.float32 else 2)
+
+
 @pytest.mark.parametrize("dtype", _gpu_only_bf16())
 @pytest.mark.parametrize("pos", [2, 30, 150])
 def test_mla_routed_decode_matches_reference(pos, dtype):

@@ -63,9 +63,12 @@ from ...kernels.mla_sparse import (
     fused_latent_append,
     fused_mla_block_scores,
     fused_mla_routed_attention,
+    fused_mla_routed_attention_expanded,
     store_latent_descriptors,
 )
+from ...kernels.mla_sparse.triton_mla_routed import expanded_rows
 from ...kernels.norm.triton_rms_norm import fused_rms_norm
+from ...kernels.rope.triton_rope import fused_rope
 from ...kernels.sampling.triton_argmax import fused_argmax
 from ..config import ModelConfig
 from ..kv_cache import DTYPES
@@ -79,6 +82,11 @@ from .state import KVStateBase
 GLM_CUDA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")
 INDEX_NORM_EPS = 1e-6  # the indexer's key LayerNorm (engine/models/mla.py)
 EXPAND_ROWS = 65536  # latents expanded to per-head keys/values per product in dense prefill
+# Routed prefill picks, per call, the absorbed kernel or expanded keys and values
+# (`GlmCudaDecoder._expands`) by counting multiply-adds, the attention kernels' at this many
+# times a GEMM's: on the H200 they run at ~190 TFLOP/s, cuBLAS's GEMMs at ~600
+# (bench/results/gpu_glm.md).
+ATTN_PER_GEMM = 3
 
 
 class GlmLayer:
@@ -111,11 +119,12 @@ class GlmLayer:
         self.wb = fuse_rows(wb, dtype)
         del wb
         h, nope, vd, r = c.n_heads, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
-        w = plain(take(a + "kv_b_proj.weight"), dtype).view(h, nope + vd, r)  # [H (nope + v), R]
+        w = plain(take(a + "kv_b_proj.weight"), dtype).view(h, nope + vd, r).contiguous()
+        # [H, nope + v, R]: routed prefill (models without an indexer) expands the latents it reads
+        self.w_kv = w if c.dsa is None else None
         self.w_uk = w[:, :nope].contiguous()  # [H, nope, R]: q_lat = q_nope W_UK
         self.w_uv = w[:, nope:].contiguous()  # [H, v, R]: dense prefill expands values with it
         self.w_uv_t = w[:, nope:].transpose(1, 2).contiguous()  # [H, R, v]: o = o_lat W_UV^T
-        del w
         self.wo, self.bo = take(a + "o_proj.weight"), take(a + "o_proj.bias", None)
         mp = p + "mlp."
         self.moe = None
@@ -256,27 +265,24 @@ class GlmCudaDecoder:
 
     # --- pieces -------------------------------------------------------------------------------
     def rotation(self, positions: torch.Tensor):
-        """What `rope` turns by at these positions: e^(i angle) [T, 1, rotary_dim / 2] (complex)
-        for interleaved pairs, (cos, sin) for halves. Once per chunk or decode step."""
+        """What `rope` turns by at these positions: (cos, sin) [T, rotary_dim / 2] fp32. Once per
+        chunk or decode step."""
         # float64 angles: at position 1M a float32 product loses the low frequencies' phase
-        ang = positions.to(torch.float64)[:, None, None] * self.inv_freq
-        if self.config.rope_interleaved:
-            return torch.polar(torch.ones_like(ang), ang).to(torch.complex64)
+        ang = positions.to(torch.float64)[:, None] * self.inv_freq
         return ang.cos().float(), ang.sin().float()
 
-    def rope(self, x: torch.Tensor, rot) -> torch.Tensor:
-        """x [T, heads, d]: the first rotary_dim dims turned (interleaved pairs or halves)."""
-        if self.config.rope_interleaved:  # pairs (x0, x1) as complex numbers: one multiply
-            rd = 2 * rot.shape[-1]
-            pairs = x[..., :rd].float().contiguous().view(*x.shape[:-1], rd // 2, 2)
-            turned = torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2)
-        else:
-            cos, sin = rot
-            rd = 2 * cos.shape[-1]
-            a, b = x[..., : rd // 2].float(), x[..., rd // 2: rd].float()
-            turned = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-        turned = turned.to(x.dtype)
-        return torch.cat((turned, x[..., rd:]), dim=-1) if x.shape[-1] > rd else turned
+    def rope(self, x: torch.Tensor, rot, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H, D] with its first rotary_dim dims turned (interleaved pairs or halves, as the
+        config says), one launch, into `out` when given (any [T, H, D] view: the cache row, the
+        absorbed query's slice)."""
+        cos, sin = rot
+        rd = 2 * cos.shape[-1]
+        if out is None:
+            out = torch.empty_like(x)
+        fused_rope(x[..., :rd], cos, sin, out=out[..., :rd], interleaved=self.config.rope_interleaved)
+        if x.shape[-1] > rd:
+            out[..., rd:] = x[..., rd:]
+        return out
 
     def _project(self, ly: GlmLayer, x: torch.Tensor, decode: bool):
         """-> (a = [q_a | latent | indexer key | indexer weights] of the normed x, b = [q | indexer q])."""
@@ -300,18 +306,19 @@ class GlmCudaDecoder:
         if out is None:
             out = a.new_empty(a.shape[0], r + self.p)
         fused_rms_norm(a[:, qr: qr + r], ly.kv_a_norm, LATENT_NORM_EPS, out=out[:, :r])
-        out[:, r:] = self.rope(a[:, None, qr + r: qr + r + self.p], rot)[:, 0]
+        self.rope(a[:, None, qr + r: qr + r + self.p], rot, out=out[:, None, r:])
         return out
 
     def _queries(self, ly: GlmLayer, b: torch.Tensor, rot):
         """-> (q_nope [T, H, nope], q_rot roped [T, H, P], absorbed query [T, H, R + P]); the
-        absorbed latent part is written by the batched matmul straight into its slice."""
+        batched matmul and the rope write straight into their slices of the absorbed query
+        (q_rot is a view of it)."""
         t, h = b.shape[0], self.config.n_heads
         q = b[:, : h * (self.nope + self.p)].view(t, h, self.nope + self.p)
-        q_nope, q_rot = q[..., : self.nope], self.rope(q[..., self.nope:], rot)
+        q_nope = q[..., : self.nope]
         q_abs = b.new_empty(t, h, self.r + self.p)
         torch.bmm(q_nope.transpose(0, 1), ly.w_uk, out=q_abs.transpose(0, 1)[..., : self.r])
-        q_abs[..., self.r:] = q_rot
+        q_rot = self.rope(q[..., self.nope:], rot, out=q_abs[..., self.r:])
         return q_nope, q_rot, q_abs
 
     def _index_inputs(self, ly: GlmLayer, a: torch.Tensor, b: torch.Tensor, rot):
@@ -356,20 +363,25 @@ class GlmCudaDecoder:
                                            v.transpose(0, 1)[None], attn_mask=mask, scale=self.scale)
         return o[0].transpose(0, 1).reshape(t, h * self.vd)
 
-    def _routed_prefill_attention(self, q: torch.Tensor, kv: GlmCudaState, layer: int, p0: int) -> torch.Tensor:
-        """Sparse attention of the chunk's absorbed queries q [T, H, R + P] on the latent: routing
-        chunks of route_chunk queries, the last route_tail queries on their own (engine/router.py
-        `routing_chunks`, as the Llama path) -> o_lat [T, H, R]."""
+    def _routed_prefill_attention(self, ly: GlmLayer, q_nope, q_rot, q_abs, kv: GlmCudaState, layer: int,
+                                  p0: int) -> torch.Tensor:
+        """Sparse attention of the chunk's queries (q_nope, roped q_rot and the absorbed q_abs
+        [T, H, R + P]) over the latent: routing chunks of route_chunk queries, the last
+        route_tail queries on their own (engine/router.py `routing_chunks`, as the Llama path)
+        -> [T, H * v]."""
         s = kv.settings
-        t = q.shape[0]
+        t, h = q_abs.shape[:2]
         head = t - s.route_tail if 0 < s.route_tail < t else t
-        out = q.new_empty(t, q.shape[1], self.r)
-        self._route_and_attend(q[:head], kv, layer, p0, s.route_chunk, out[:head])
-        if head < t:
-            self._route_and_attend(q[head:], kv, layer, p0 + head, t - head, out[head:])
-        return out
+        out = q_abs.new_empty(t, h, self.vd)
+        for a, b, chunk in ((0, head, s.route_chunk), (head, t, t - head)):
+            if b > a:
+                self._route_and_attend(ly, q_nope[a:b], q_rot[a:b], q_abs[a:b], kv, layer, p0 + a, chunk, out[a:b])
+        return out.view(t, h * self.vd)
 
-    def _route_and_attend(self, q, kv: GlmCudaState, layer: int, p0: int, chunk: int, out: torch.Tensor) -> None:
+    def _route_and_attend(self, ly: GlmLayer, q_nope, q_rot, q, kv: GlmCudaState, layer: int, p0: int, chunk: int,
+                          out: torch.Tensor) -> None:
+        """Route the queries' chunks to their top-k blocks (scored with the absorbed queries) and
+        attend over sinks + blocks + window, writing [T, H, v] into out."""
         s = kv.settings
         t, b = q.shape[0], s.block_size
         nb = -(-(p0 + t) // b)
@@ -384,8 +396,24 @@ class GlmCudaDecoder:
                 scores.topk(k, dim=-1, sorted=False).indices
         else:
             blocks = torch.empty(-(-t // chunk), 0, dtype=torch.long, device=q.device)
-        fused_mla_routed_attention(q, kv.kv[layer], p0, blocks, chunk, b, s.sink_tokens, s.window, self.r, self.scale,
-                                   out=out)
+        if self._expands(t, p0, blocks.numel(), s):
+            fused_mla_routed_attention_expanded(q_nope, q_rot, kv.kv[layer], ly.w_kv, p0, blocks, chunk, b,
+                                                s.sink_tokens, s.window, self.scale, out=out)
+        else:
+            o_lat = fused_mla_routed_attention(q, kv.kv[layer], p0, blocks, chunk, b, s.sink_tokens, s.window, self.r,
+                                               self.scale)
+            torch.bmm(o_lat.transpose(0, 1), ly.w_uv_t, out=out.transpose(0, 1))
+
+    def _expands(self, t: int, p0: int, n_blocks: int, s: EngineSettings) -> bool:
+        """Whether t queries at p0.. (n_blocks routed blocks in all) attend on expanded keys and
+        values: the expansion (one GEMM over the rows they read) costs less than the absorbed
+        form's extra (R + P) + R - ((N + P) + V) multiply-adds per query, head and key. True for
+        a long prompt's chunks, False for a question after a cached document."""
+        h, seen = self.config.n_heads, min(s.budget, p0 + t)
+        per_key = ATTN_PER_GEMM * t * h * seen
+        absorbed = per_key * (2 * self.r + self.p)
+        rows = expanded_rows(t, p0, n_blocks, s.block_size, s.sink_tokens, s.window)
+        return per_key * (self.nope + self.p + self.vd) + rows * self.r * h * (self.nope + self.vd) < absorbed
 
     def _routed_decode_attention(self, q: torch.Tensor, kv: GlmCudaState, layer: int, length: torch.Tensor,
                                  end: torch.Tensor) -> torch.Tensor:
@@ -436,7 +464,7 @@ class GlmCudaDecoder:
         if kv.dsa and indices is not None:
             o = self._out(ly, fused_mla_decode(q_abs, kv.kv[i, :end], None, self.r, self.scale, indices))
         elif kv.routed:
-            o = self._out(ly, self._routed_prefill_attention(q_abs, kv, i, p0))
+            o = self._routed_prefill_attention(ly, q_nope, q_rot, q_abs, kv, i, p0)
         else:
             o = self._dense_prefill_attention(ly, q_nope, q_rot, kv, i, end)
         x = linear_add_mm(x, o, ly.wo)

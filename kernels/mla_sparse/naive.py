@@ -82,3 +82,21 @@ def naive_mla_routed_attention(q: torch.Tensor, latents: torch.Tensor, q0: int, 
     scores = torch.einsum("thd,sd->ths", q.float(), latents.float()) * scale
     p = torch.softmax(scores.masked_fill(~allowed[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
     return torch.einsum("ths,sr->thr", p, latents[:, :r].float()).to(q.dtype)
+
+
+def naive_mla_routed_attention_expanded(q_nope: torch.Tensor, q_rot: torch.Tensor, latents: torch.Tensor,
+                                        w_kv: torch.Tensor, q0: int, blocks: torch.Tensor, chunk: int,
+                                        block_size: int, sinks: int, window: int, scale: float) -> torch.Tensor:
+    """The same attention in the model's own (HF's) form: per-head keys [c W_UK^T | k_rot] and
+    values c W_UV^T expanded from the latents, w_kv [H, N + V, R] (kv_b_proj per head).
+    q_nope [T, H, N], q_rot [T, H, P] -> [T, H, V] (what the absorbed form gives after W_UV)."""
+    t, s = q_nope.shape[0], latents.shape[0]
+    n, r = q_nope.shape[-1], w_kv.shape[-1]
+    c, k_rot = latents[:, :r].float(), latents[:, r:].float()
+    k_nope = torch.einsum("sr,hnr->shn", c, w_kv[:, :n].float())
+    v = torch.einsum("sr,hvr->shv", c, w_kv[:, n:].float())
+    scores = (torch.einsum("thn,shn->ths", q_nope.float(), k_nope)
+              + torch.einsum("thp,sp->ths", q_rot.float(), k_rot)) * scale
+    allowed = routed_token_mask(s, q0, t, blocks, chunk, block_size, sinks, window)
+    p = torch.softmax(scores.masked_fill(~allowed[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("ths,shv->thv", p, v).to(q_nope.dtype)

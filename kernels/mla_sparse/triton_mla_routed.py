@@ -46,19 +46,41 @@ _ATTN_CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4)] if 
 
 
 # --- descriptors --------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["b0", "end"])
+def _latent_blocks_kernel(kv_ptr, kmin_ptr, kmax_ptr, kmean_ptr, b0, end, skv, sd, W, bsz, BLOCK_W: tl.constexpr,
+                          BLOCK_B: tl.constexpr):
+    blk = b0 + tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    cm = cols < W
+    rows = blk * bsz + tl.arange(0, BLOCK_B)
+    valid = (tl.arange(0, BLOCK_B) < bsz) & (rows < end)
+    m = valid[:, None] & cm[None, :]
+    x = tl.load(kv_ptr + rows.to(tl.int64)[:, None] * skv + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / tl.sum(valid.to(tl.float32), axis=0)
+    lo = tl.min(tl.where(m, x, float("inf")), axis=0)
+    hi = tl.max(tl.where(m, x, float("-inf")), axis=0)
+    d = blk.to(tl.int64) * sd + cols
+    tl.store(kmean_ptr + d, mean.to(kmean_ptr.dtype.element_ty), mask=cm)
+    tl.store(kmin_ptr + d, lo.to(kmin_ptr.dtype.element_ty), mask=cm)
+    tl.store(kmax_ptr + d, hi.to(kmax_ptr.dtype.element_ty), mask=cm)
+
+
 def store_latent_descriptors(latents: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, kmean: torch.Tensor,
                              start: int, end: int, block_size: int) -> None:
     """Recompute the descriptors of the blocks holding positions start..end-1 from the stored
-    latents [S, W] (rows < end; S a multiple of block_size). Prefill, after the chunk's latents
-    are stored: a partial block's earlier rows are re-read, so this continues any prefix."""
+    latents [S, W] (rows < end; S a multiple of block_size), one launch. Prefill, after the
+    chunk's latents are stored: a partial block's earlier rows are re-read, so this continues
+    any prefix."""
     b0, b1 = start // block_size, -(-end // block_size)
-    if b1 <= b0:
-        return
-    x = latents[b0 * block_size: b1 * block_size].float().view(b1 - b0, block_size, -1)
-    valid = (torch.arange(b0 * block_size, b1 * block_size, device=x.device) < end).view(b1 - b0, block_size, 1)
-    kmean[b0:b1] = (x * valid).sum(1) / valid.sum(1)
-    kmin[b0:b1] = x.masked_fill(~valid, float("inf")).amin(1)
-    kmax[b0:b1] = x.masked_fill(~valid, float("-inf")).amax(1)
+    w = latents.shape[1]
+    if latents.stride(1) != 1 or kmean.stride(1) != 1 or kmin.stride() != kmean.stride() \
+            or kmax.stride() != kmean.stride() or kmean.shape[1] != w:
+        raise ValueError(f"shapes do not fit: latents {tuple(latents.shape)}, descriptors {tuple(kmean.shape)}")
+    if b1 > b0:
+        block_w = 64
+        _latent_blocks_kernel[(b1 - b0, triton.cdiv(w, block_w))](
+            latents, kmin, kmax, kmean, b0, end, latents.stride(0), kmean.stride(0), w, block_size,
+            BLOCK_W=block_w, BLOCK_B=triton.next_power_of_2(block_size), num_warps=4)
 
 
 @triton.jit
@@ -322,4 +344,215 @@ def fused_mla_routed_attention(q: torch.Tensor, latents: torch.Tensor, q0: int, 
             width, latents.stride(0), blocks.stride(0), r, R=r, P=width - r,
             BLOCK_R=max(16, triton.next_power_of_2(r)), BLOCK_P=max(16, triton.next_power_of_2(width - r)),
             IEEE=q.dtype == torch.float32 or interpreting(), **config)
+    return out
+
+
+# --- prefill attention on keys and values expanded per head ------------------------------------
+# The absorbed form costs (R + P) + R = 1,088 multiply-adds per (query, head, key) at
+# GLM-4.7-Flash's dims; the model's own form, keys [c W_UK^T | k_rot] and values c W_UV^T per
+# head, (N + P) + V = 512. A long prefill chunk's queries far outnumber the distinct keys they
+# read (4,096 queries, ~13K keys at 128K), so expanding those keys once (one GEMM, cuBLAS) and
+# attending head by head halves the attention kernel's work; DeepSeek's and vLLM's MLA prefill
+# do the same. Short calls (a question after a cached document) stay absorbed: there the
+# expansion would cost more than it saves (`GlmCudaDecoder._expands` decides).
+# As (BLOCK_M queries of one head, BLOCK_N keys, warps, stages); the fp32 accumulator is
+# [BLOCK_M, V = 256].
+EXP_TILES = ((64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3))
+_EXP_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4)] if interpreting() else [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=st) for bm, bn, nw, st in EXP_TILES]
+
+
+@triton.jit
+def _attend_expanded_tile(qa, qb, qr, kv_ptr, kr_ptr, slots, live, vis, skv, skr, m_i, l_i, acc, qk_scale,
+                          N: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BLOCK_NA: tl.constexpr,
+                          BLOCK_NB: tl.constexpr, HAS_NB: tl.constexpr, BLOCK_P: tl.constexpr,
+                          BLOCK_V: tl.constexpr, IEEE: tl.constexpr):
+    """One key tile of online softmax (base 2) for one head: `slots` [BLOCK_N] rows of the
+    expanded buffer (kv_ptr: this head's [N keys | V values], kr_ptr: the shared roped keys),
+    vis [BLOCK_M, BLOCK_N] which keys each query sees. N is read as BLOCK_NA + BLOCK_NB columns
+    (192 = 128 + 64: no padding to 256)."""
+    offs_a = tl.arange(0, BLOCK_NA)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_v = tl.arange(0, BLOCK_V)
+    row = tl.where(live, slots, 0).to(tl.int64)[:, None]
+    base = kv_ptr + row * skv
+    ka = tl.load(base + offs_a[None, :], mask=live[:, None] & (offs_a[None, :] < N), other=0.0)
+    kr = tl.load(kr_ptr + row * skr + offs_p[None, :], mask=live[:, None] & (offs_p[None, :] < P), other=0.0)
+    vv = tl.load(base + N + offs_v[None, :], mask=live[:, None] & (offs_v[None, :] < V), other=0.0)
+    if HAS_NB:
+        offs_b = BLOCK_NA + tl.arange(0, BLOCK_NB)
+        kb = tl.load(base + offs_b[None, :], mask=live[:, None] & (offs_b[None, :] < N), other=0.0)
+    if IEEE:
+        s = tl.dot(qa, tl.trans(ka.to(tl.float32)), input_precision="ieee") + \
+            tl.dot(qr, tl.trans(kr.to(tl.float32)), input_precision="ieee")
+        if HAS_NB:
+            s += tl.dot(qb, tl.trans(kb.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(qa, tl.trans(ka)) + tl.dot(qr, tl.trans(kr))
+        if HAS_NB:
+            s += tl.dot(qb, tl.trans(kb))
+    s = tl.where(vis, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, vv.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+    return m_new, l_i, acc
+
+
+@triton.autotune(configs=_EXP_CONFIGS, key=["N", "V", "P", "IEEE"], cache_results=True)
+@triton.jit(do_not_specialize=["n_q", "q0", "chunk", "n_blk", "sinks", "win", "n_s", "w_lo", "n_w"])
+def _routed_expanded_kernel(qn_ptr, qr_ptr, kv_ptr, kr_ptr, blk_ptr, o_ptr, n_q, q0, chunk, n_blk, sinks, win, bsz,
+                            n_s, w_lo, n_w, qk_scale, sqn_t, sqn_h, sqr_t, sqr_h, skv_u, skv_h, skr, sb, so_t, so_h,
+                            N: tl.constexpr, V: tl.constexpr, P: tl.constexpr, BLOCK_NA: tl.constexpr,
+                            BLOCK_NB: tl.constexpr, HAS_NB: tl.constexpr, BLOCK_P: tl.constexpr,
+                            BLOCK_V: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the buffer's rows (slots): the n_s sinks (keys 0..), the window range (keys w_lo..,
+    # n_w of them), then each routing chunk's blocks in order (block j of chunk c at
+    # n_s + n_w + (c * n_blk + j) * bsz)
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    t_lo = c * chunk
+    t_hi = tl.minimum(t_lo + chunk, n_q)
+    r0 = t_lo + tl.program_id(2) * BLOCK_M
+    rows = r0 + tl.arange(0, BLOCK_M)
+    rmask = rows < t_hi
+    rows = tl.minimum(rows, t_hi - 1)
+    pos = q0 + rows
+    p_lo = q0 + tl.minimum(r0, t_hi - 1)
+    p_hi = q0 + tl.minimum(r0 + BLOCK_M, t_hi) - 1
+    offs_a = tl.arange(0, BLOCK_NA)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_v = tl.arange(0, BLOCK_V)
+    qn = qn_ptr + rows.to(tl.int64)[:, None] * sqn_t + h * sqn_h
+    qa = tl.load(qn + offs_a[None, :], mask=offs_a[None, :] < N, other=0.0)
+    qb = qa
+    if HAS_NB:
+        offs_b = BLOCK_NA + tl.arange(0, BLOCK_NB)
+        qb = tl.load(qn + offs_b[None, :], mask=offs_b[None, :] < N, other=0.0)
+    qr = tl.load(qr_ptr + rows.to(tl.int64)[:, None] * sqr_t + h * sqr_h + offs_p[None, :],
+                 mask=offs_p[None, :] < P, other=0.0)
+    if IEEE:
+        qa, qb, qr = qa.to(tl.float32), qb.to(tl.float32), qr.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], tl.float32)
+    kvh = kv_ptr + h * skv_h
+    k_end = p_hi + 1
+    s_end = tl.minimum(sinks, k_end)  # sinks: keys (= slots) 0 .. sinks-1, causal
+    for k0 in range(0, s_end, BLOCK_N):
+        keys = k0 + tl.arange(0, BLOCK_N)
+        live = keys < s_end
+        vis = live[None, :] & (keys[None, :] <= pos[:, None])
+        m_i, l_i, acc = _attend_expanded_tile(qa, qb, qr, kvh, kr_ptr, keys, live, vis, skv_u, skr, m_i, l_i, acc,
+                                              qk_scale, N, V, P, BLOCK_NA, BLOCK_NB, HAS_NB, BLOCK_P, BLOCK_V, IEEE)
+    # the routing chunk's blocks, clipped as in `_routed_prefill_kernel`
+    k_far = tl.minimum(p_hi - win + 1, k_end)
+    for j in range(0, n_blk):
+        b = tl.load(blk_ptr + c * sb + j).to(tl.int32)
+        start = tl.maximum(tl.maximum(b, 0) * bsz, sinks)
+        stop = tl.where(b >= 0, tl.minimum(tl.maximum(b, 0) * bsz + bsz, k_far), start)
+        shift = n_s + n_w + (c * n_blk + j) * bsz - tl.maximum(b, 0) * bsz  # key -> slot
+        for kb in range(start, stop, BLOCK_N):
+            keys = kb + tl.arange(0, BLOCK_N)
+            live = keys < stop
+            vis = live[None, :] & (keys[None, :] <= pos[:, None] - win)
+            m_i, l_i, acc = _attend_expanded_tile(qa, qb, qr, kvh, kr_ptr, keys + shift, live, vis, skv_u, skr, m_i,
+                                                  l_i, acc, qk_scale, N, V, P, BLOCK_NA, BLOCK_NB, HAS_NB, BLOCK_P,
+                                                  BLOCK_V, IEEE)
+    # the window: keys pos - win + 1 .. pos of each row (none below the sinks)
+    wl = tl.maximum(sinks, p_lo - win + 1)
+    for k0 in range(wl, p_hi + 1, BLOCK_N):
+        keys = k0 + tl.arange(0, BLOCK_N)
+        live = keys <= p_hi
+        vis = live[None, :] & (keys[None, :] > pos[:, None] - win) & (keys[None, :] <= pos[:, None])
+        m_i, l_i, acc = _attend_expanded_tile(qa, qb, qr, kvh, kr_ptr, keys + (n_s - w_lo), live, vis, skv_u, skr,
+                                              m_i, l_i, acc, qk_scale, N, V, P, BLOCK_NA, BLOCK_NB, HAS_NB, BLOCK_P,
+                                              BLOCK_V, IEEE)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(o_ptr + rows.to(tl.int64)[:, None] * so_t + h * so_h + offs_v[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=rmask[:, None] & (offs_v[None, :] < V))
+
+
+@triton.jit(do_not_specialize=["n_s", "w_lo", "n_w", "n_rows"])
+def _gather_rows_kernel(src_ptr, dst_ptr, blk_ptr, n_s, w_lo, n_w, n_rows, n_src, bsz, ss, sd, W: tl.constexpr,
+                        BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr):
+    """dst[slot] = src[key] for the expanded buffer's slots (layout in `_routed_expanded_kernel`)."""
+    slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    live = slots < n_rows
+    j = tl.maximum(slots - n_s - n_w, 0)  # slot within the routed blocks
+    b = tl.load(blk_ptr + j // bsz, mask=live & (slots >= n_s + n_w), other=0)
+    key = tl.where(slots < n_s, slots, tl.where(slots < n_s + n_w, w_lo + slots - n_s,
+                                                tl.maximum(b, 0) * bsz + j % bsz))
+    # a block's rows past the stored ones are never read (clamped: a partial last block may end
+    # past `src`)
+    key = tl.minimum(key, n_src - 1).to(tl.int64)
+    for w0 in range(0, W, BLOCK_W):
+        cols = w0 + tl.arange(0, BLOCK_W)
+        m = live[:, None] & (cols[None, :] < W)
+        x = tl.load(src_ptr + key[:, None] * ss + cols[None, :], mask=m)
+        tl.store(dst_ptr + slots.to(tl.int64)[:, None] * sd + cols[None, :], x, mask=m)
+
+
+def expanded_rows(t: int, q0: int, n_blocks: int, block_size: int, sinks: int, window: int) -> int:
+    """Rows of keys and values `fused_mla_routed_attention_expanded` expands for t queries at
+    q0.. with n_blocks routed blocks in all: the sinks, the window range, every block."""
+    end = q0 + t
+    return min(sinks, end) + max(0, end - max(sinks, q0 - window + 1)) + n_blocks * block_size
+
+
+def fused_mla_routed_attention_expanded(q_nope: torch.Tensor, q_rot: torch.Tensor, latents: torch.Tensor,
+                                        w_kv: torch.Tensor, q0: int, blocks: torch.Tensor, chunk: int,
+                                        block_size: int, sinks: int, window: int, scale: float,
+                                        out: torch.Tensor | None = None, *, tile: tuple | None = None) -> torch.Tensor:
+    """As `naive_mla_routed_attention_expanded`: q_nope [T, H, N], q_rot [T, H, P] (roped) at
+    positions q0.., latents [S, R + P], w_kv [H, N + V, R] (kv_b_proj), blocks [C, K] per
+    routing chunk of `chunk` queries (-1 = none) -> [T, H, V] (into `out` when given: any
+    [T, H, V] view with unit last stride). The latents the call reads (`expanded_rows`) are
+    gathered and expanded by one GEMM, then attended per head. `tile`, one of EXP_TILES, runs
+    that config instead of the autotuner's choice."""
+    t, h, n = q_nope.shape
+    p = q_rot.shape[-1]
+    nv, r = w_kv.shape[1:]
+    v = nv - n
+    if w_kv.shape[0] != h or q_rot.shape[:2] != (t, h) or latents.shape[-1] != r + p or v <= 0 \
+            or q_nope.stride(-1) != 1 or q_rot.stride(-1) != 1:
+        raise ValueError(f"shapes do not fit: q_nope {tuple(q_nope.shape)}, q_rot {tuple(q_rot.shape)}, "
+                         f"latents {tuple(latents.shape)}, w_kv {tuple(w_kv.shape)}")
+    n_c = max(1, triton.cdiv(t, chunk))
+    if blocks.dim() != 2 or blocks.shape[0] != n_c:
+        raise ValueError(f"blocks must be [{n_c}, K], got {tuple(blocks.shape)}")
+    if out is None:
+        out = q_nope.new_empty(t, h, v)
+    if out.shape != (t, h, v) or out.stride(-1) != 1:
+        raise ValueError(f"out must be a [{t}, {h}, {v}] view with unit last stride")
+    if not t:
+        return out
+    blocks = blocks.contiguous()
+    end = q0 + t
+    n_s, w_lo = min(sinks, end), max(sinks, q0 - window + 1)
+    n_w = max(0, end - w_lo)
+    u = expanded_rows(t, q0, blocks.numel(), block_size, sinks, window)
+    lat = latents.new_empty(u, r + p)
+    _gather_rows_kernel[(triton.cdiv(u, 32),)](latents, lat, blocks, n_s, w_lo, n_w, u, latents.shape[0], block_size,
+                                               latents.stride(0), lat.stride(0), W=r + p, BLOCK_S=32, BLOCK_W=64,
+                                               num_warps=4)
+    kv = torch.mm(lat[:, :r], w_kv.view(h * nv, r).t()).view(u, h, nv)
+    na = max(16, 1 << (n.bit_length() - 1))  # N as a power of two and a (masked) remainder
+    nb = max(16, triton.next_power_of_2(n - na)) if n > na else 16
+    grid = lambda meta: (n_c, h, triton.cdiv(min(chunk, t), meta["BLOCK_M"]))
+    kernel, config = _routed_expanded_kernel, {}
+    if tile is not None:
+        bm, bn, nw, st = tile
+        kernel, config = kernel.fn, dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=st)
+    kernel[grid](
+        q_nope, q_rot, kv, lat[:, r:], blocks, out, t, q0, chunk, blocks.shape[1], sinks, window, block_size, n_s,
+        w_lo, n_w, scale * LOG2E, q_nope.stride(0), q_nope.stride(1), q_rot.stride(0),
+        q_rot.stride(1), kv.stride(0), kv.stride(1), lat.stride(0), blocks.stride(0), out.stride(0), out.stride(1),
+        N=n, V=v, P=p, BLOCK_NA=na, BLOCK_NB=nb, HAS_NB=n > na, BLOCK_P=max(16, triton.next_power_of_2(p)),
+        BLOCK_V=max(16, triton.next_power_of_2(v)), IEEE=q_nope.dtype == torch.float32 or interpreting(), **config)
     return out

@@ -1,4 +1,4 @@
-"""Triton RoPE (rotate_half): one program per token, all heads at once."""
+"""Triton RoPE (rotate_half halves, or interleaved pairs): one program per token, all heads at once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import triton.language as tl
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, y_ptr,
     sx_t, sx_h, sy_t, sy_h, sc_t, n_heads, half,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -19,20 +19,25 @@ def _rope_kernel(
     mask = (h < n_heads) & (d < half)
     c = tl.load(cos_ptr + t * sc_t + d, mask=d < half, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + t * sc_t + d, mask=d < half, other=0.0).to(tl.float32)
-    xp = x_ptr + t * sx_t + h * sx_h + d
+    # the pair turned by angle d: (d, d + half), or (2d, 2d + 1) interleaved
+    first = 2 * d if INTERLEAVED else d
+    other = 1 if INTERLEAVED else half
+    xp = x_ptr + t * sx_t + h * sx_h + first
     x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(xp + half, mask=mask, other=0.0).to(tl.float32)
-    yp = y_ptr + t * sy_t + h * sy_h + d
+    x2 = tl.load(xp + other, mask=mask, other=0.0).to(tl.float32)
+    yp = y_ptr + t * sy_t + h * sy_h + first
     ty = y_ptr.dtype.element_ty
     tl.store(yp, (x1 * c - x2 * s).to(ty), mask=mask)
-    tl.store(yp + half, (x2 * c + x1 * s).to(ty), mask=mask)
+    tl.store(yp + other, (x2 * c + x1 * s).to(ty), mask=mask)
 
 
 def fused_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None, *,
+    interleaved: bool = False,
 ) -> torch.Tensor:
-    """Rotate x [T, H, D] by angles cos, sin [T, D/2] (rotate_half convention); the
-    duplicated HF layout [T, 1, D] of `engine.rope.Rope.cos_sin` is accepted too.
+    """Rotate x [T, H, D] by angles cos, sin [T, D/2] (rotate_half convention: pairs (d, d + D/2);
+    interleaved: pairs (2d, 2d + 1), as GLM's MLA); the duplicated HF layout [T, 1, D] of
+    `engine.rope.Rope.cos_sin` is accepted too. x and out may be strided views.
 
     `out` may be x itself (in place: each program reads its pairs before writing them).
     """
@@ -54,6 +59,7 @@ def fused_rope(
     if t:
         _rope_kernel[(t,)](
             x, cos, sin, out, x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0), h, d // 2,
-            BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4,
+            BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d // 2), INTERLEAVED=interleaved,
+            num_warps=4,
         )
     return out
