@@ -108,12 +108,11 @@ def test_latent_descriptors_prefill_and_decode_append():
     g = torch.Generator().manual_seed(3)
     cap, w, b = 64, 40, 16
     rows = torch.randn(cap, w, generator=g)
-    lat = torch.full((cap, w), 7.0)  # stale rows past the end must not count
-    d = [torch.zeros(cap // b, w) for _ in range(3)]
+    lat = torch.full((cap, w), 7.0, device=DEVICE)  # stale rows past the end must not count
+    d = [torch.zeros(cap // b, w, device=DEVICE) for _ in range(3)]
     for a, e in ((0, 21), (21, 37)):
-        lat[a:e] = rows[a:e]
+        lat[a:e] = rows[a:e].to(DEVICE)
         store_latent_descriptors(lat, *d, a, e, b)
-    lat, d = lat.to(DEVICE), [x.to(DEVICE) for x in d]
     for p in range(37, 50):
         fused_latent_append(rows[p:p + 1].to(DEVICE), lat, *d, torch.tensor([p], dtype=torch.int32, device=DEVICE), b)
     want = naive_latent_descriptors(rows[:50], b)

@@ -16,12 +16,14 @@ layers, the indexer key. Per layer:
   top-k), dense prefill by SDPA (flash) over keys and values expanded from the latents for
   that chunk (absorbed dense prefill would do ~2x the FLOPs);
 - the engine's sparse settings on a model without an indexer (GLM-4.7-Flash under
-  `Engine.sparse_settings()`, what `--read-all` runs): routed attention on the latent
+  `Engine.sparse_settings()`, what `--read-all` runs): routed attention
   (kernels/mla_sparse triton_mla_routed.py) — per-block latent descriptors, block scores of the
   absorbed queries per routing chunk, top-k blocks, attention over sinks + blocks + window for
-  prefill chunks, and the same three sets at decode (kernels/mla_decode `routed=`). Linear in
-  the context: dense MLA prefill is quadratic (28 s of the 37 s at 128K on the H200). Dense
-  settings keep dense MLA; GLM-5 keeps its indexer;
+  prefill calls, and the same three sets at decode (kernels/mla_decode `routed=`). A long
+  prefill call attends on keys and values expanded per head from the latent rows it reads (one
+  gather and one GEMM; half the absorbed form's multiply-adds), a short one on the latent
+  (`_expands` decides). Linear in the context: dense MLA prefill is quadratic (28 s of the
+  37 s at 128K on the H200). Dense settings keep dense MLA; GLM-5 keeps its indexer;
 - DSA: the indexer scores every cached token (kernels/dsa_index in prefill; a matmul and
   torch.topk over the whole capacity at decode, static shapes), "shared" layers reuse the
   indices of the "full" layer before them (IndexShare);
@@ -84,7 +86,7 @@ INDEX_NORM_EPS = 1e-6  # the indexer's key LayerNorm (engine/models/mla.py)
 EXPAND_ROWS = 65536  # latents expanded to per-head keys/values per product in dense prefill
 # Routed prefill picks, per call, the absorbed kernel or expanded keys and values
 # (`GlmCudaDecoder._expands`) by counting multiply-adds, the attention kernels' at this many
-# times a GEMM's: on the H200 they run at ~190 TFLOP/s, cuBLAS's GEMMs at ~600
+# times a GEMM's: on the H200 they run at ~150-190 TFLOP/s, cuBLAS's GEMMs at ~600
 # (bench/results/gpu_glm.md).
 ATTN_PER_GEMM = 3
 

@@ -7,7 +7,7 @@ the absorbed queries q [T, H, R + P] route and attend on it directly (references
 
 - `store_latent_descriptors` / `fused_latent_append`: per block of the cache, min / max / mean
   of the stored latents (prefill: the chunk's blocks recomputed from the cache; decode: the
-  row appended and its block's descriptors recomputed in one launch, graph-capturable).
+  row appended and its block's descriptors recomputed; each one launch, graph-capturable).
 - `fused_mla_block_scores`: each routing chunk's score of every block, the max over its
   queries and heads of q.kmean (or the minmax bound), with the chunk's non-candidates at -inf.
   The R + P dims are summed in 64-wide slices (576 = 9 x 64, no padding to 1024); a chunk's
@@ -18,6 +18,8 @@ the absorbed queries q [T, H, R + P] route and attend on it directly (references
   selected blocks (keys outside each row's window), then the window range of its rows
   (causal). A key is in exactly one of the three sets, so the result is exact softmax
   attention over their union; with every candidate selected it is dense causal attention.
+- `fused_mla_routed_attention_expanded`: prefill on keys and values expanded per head from
+  the latent rows the call reads (long calls; below).
 - decode attention is kernels/mla_decode's split-K kernel over the same three sets
   (`fused_mla_decode(..., routed=...)`).
 """
