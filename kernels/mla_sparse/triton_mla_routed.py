@@ -218,6 +218,19 @@ def fused_mla_block_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tens
 
 # --- prefill attention --------------------------------------------------------------------------
 @triton.jit
+def _softmax_step(s, vis, qk_scale, m_i, l_i):
+    """Online softmax (base 2) over one key tile's scores s [BLOCK_M, BLOCK_N], the keys each row
+    sees in vis: -> (new row max, new row sum, the factor the accumulator is rescaled by, the
+    tile's probabilities unnormalised)."""
+    s = tl.where(vis, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, axis=1), alpha, p
+
+
+@triton.jit
 def _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, R: tl.constexpr, P: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, IEEE: tl.constexpr):
     """One key tile of online softmax (base 2): keys [BLOCK_N] (rows of the latent cache, `live`
@@ -233,17 +246,11 @@ def _attend_tile(q1, q2, kv_ptr, keys, live, vis, skv, m_i, l_i, acc, qk_scale, 
         s = tl.dot(q1, tl.trans(k1), input_precision="ieee") + tl.dot(q2, tl.trans(k2), input_precision="ieee")
     else:
         s = tl.dot(q1, tl.trans(k1)) + tl.dot(q2, tl.trans(k2))
-    s = tl.where(vis, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None]
+    m_new, l_i, alpha, p = _softmax_step(s, vis, qk_scale, m_i, l_i)
     if IEEE:
-        acc = acc + tl.dot(p, k1, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p, k1, input_precision="ieee")
     else:
-        acc = acc + tl.dot(p.to(k1.dtype), k1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k1.dtype), k1)
     return m_new, l_i, acc
 
 
@@ -393,12 +400,7 @@ def _attend_expanded_tile(qa, qb, qr, kv_ptr, kr_ptr, slots, live, vis, skv, skr
         s = tl.dot(qa, tl.trans(ka)) + tl.dot(qr, tl.trans(kr))
         if HAS_NB:
             s += tl.dot(qb, tl.trans(kb))
-    s = tl.where(vis, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, l_i, alpha, p = _softmax_step(s, vis, qk_scale, m_i, l_i)
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p, vv.to(tl.float32), input_precision="ieee")
     else:
