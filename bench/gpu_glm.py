@@ -546,11 +546,16 @@ def attention_tiles(n: int, tiles: list[tuple], chunk: int = 4096, reps: int = 5
     ref_exp = naive_mla_routed_attention_expanded(q_nope[-tail:], q_rot[-tail:], lat, w_kv, n - tail, blocks[-1:],
                                                   tail, b, s.sink_tokens, s.window, scale).float()
     out = {"context": n, "chunk": chunk, "keys_per_query": seen / chunk, "tiles": {}}
-    runs = [("absorbed", tile, flop, ref, lambda tile: fused_mla_routed_attention(
-        q, lat, q0, blocks, rc, b, s.sink_tokens, s.window, r, scale, tile=tile)) for tile in [None, *tiles]]
-    runs += [("expanded", tile, 2 * h * seen * (n_nope + p + v), ref_exp, lambda tile: fused_mla_routed_attention_expanded(
-        q_nope, q_rot, lat, w_kv, q0, blocks, rc, b, s.sink_tokens, s.window, scale, tile=tile))
-        for tile in [None, *EXP_TILES]]
+
+    def absorbed(tile):
+        return fused_mla_routed_attention(q, lat, q0, blocks, rc, b, s.sink_tokens, s.window, r, scale, tile=tile)
+
+    def expanded(tile):
+        return fused_mla_routed_attention_expanded(q_nope, q_rot, lat, w_kv, q0, blocks, rc, b, s.sink_tokens,
+                                                   s.window, scale, tile=tile)
+
+    runs = [("absorbed", tile, flop, ref, absorbed) for tile in [None, *tiles]]
+    runs += [("expanded", tile, 2 * h * seen * (n_nope + p + v), ref_exp, expanded) for tile in [None, *EXP_TILES]]
     for form, tile, flop, ref, call in runs:
         name = f"{form} {'autotuned' if tile is None else tile}"
         try:

@@ -294,7 +294,8 @@ def test_mla_routed_attention_expanded_at_the_real_head_dims_with_every_gpu_tile
     from docqa.kernels.mla_sparse.triton_mla_routed import EXP_TILES
 
     g = torch.Generator().manual_seed(60 + tile)
-    t, h, n, v, r, p, q0, chunk, b, sinks, win = 40, 20 if DEVICE == "cuda" else 4, 192, 256, 512, 64, 131, 16, 16, 4, 24
+    h = 20 if DEVICE == "cuda" else 4
+    t, n, v, r, p, q0, chunk, b, sinks, win = 40, 192, 256, 512, 64, 131, 16, 16, 4, 24
     q_nope, q_rot, w_kv, _, lat = _expanded_inputs(t, h, n, v, r, p, q0, g)
     nb, n_c = -(-(q0 + t) // b), -(-t // chunk)
     every = torch.stack([torch.cat((torch.randperm(nb, generator=g), torch.tensor([-1, -1])))[
