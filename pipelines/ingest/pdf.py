@@ -442,6 +442,16 @@ def _order_columns(page: _Page) -> None:
     if len(right) < 6 or len(left) < 6:
         return
     right_start = min(p.x0 for p in right)
+    # A page's second column starts just past its middle; running text that starts further
+    # right is a table's text cell (a service schedule's "Term" and "Fee" columns beside its
+    # descriptions), not a column to be read after the left one.
+    if right_start > mid + 0.1 * page.width:
+        return
+    # ... and is set flush left: most of its lines start at one x. Pieces of a sentence that
+    # a generated filing draws figure by figure start anywhere.
+    xs = [p.x0 for p in right]
+    if max(sum(1 for y in xs if abs(y - x) <= 2.0) for x in xs) < 0.5 * len(right):
+        return
     # A left column's running text stops short of the right column...
     short = [p for p in left if widths.line_end(p) <= right_start + tol]
     if len(short) < 0.5 * len(left):
