@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from . import config
-from .clikit import cli_errors, db_option, err, json_option, open_store
+from .clikit import cli_errors, db_option, err, json_option, open_store, out, printable
 
 if TYPE_CHECKING:  # `docqa --help` must not import the model stack
     from .runs import Run
@@ -119,6 +119,8 @@ def register(app) -> None:
 
             iter_stdin = iter(sys.stdin)
             for q in questions(lines()):
+                if not (interactive or as_json):  # read from a pipe: each answer under its question
+                    out.print(f"? {printable(q)}")
                 if stream:
                     err.print("draft (unverified): ", end="")
                 run = session.ask(q, on_token=on_token if stream else None)

@@ -23,6 +23,7 @@ from rich.text import Text
 from ..pipelines.errors import IngestError
 from ..pipelines.ingest.chunks import SEGMENT_TOKENS
 from . import config
+from .errors import DocqaError
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, IngestProgress, cli_errors, collect_files, db_option,
                      err, error_line, json_option, open_store, out, print_json, printable, short)
@@ -50,7 +51,11 @@ def _main(
     _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                     help="Print the version and exit.")] = False,
 ) -> None:
-    pass
+    try:
+        config.check_environment()
+    except DocqaError as e:
+        error_line(str(e))
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 @app.command()
@@ -264,9 +269,9 @@ def ask(
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = config.AskSettings.max_tokens,
     budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = config.AskSettings.budget_tokens,
     abstain_margin: Annotated[
-        Optional[float], typer.Option("--abstain-margin", help="Quote only when the model's log-odds of quoting over "
-                                      "'Not found in the document.' exceed this [default: see README]")
-    ] = None,
+        float, typer.Option("--abstain-margin", help="Quote only when the model's log-odds of quoting over "
+                            "'Not found in the document.' exceed this (0: the model's bare preference).")
+    ] = config.AskSettings.abstain_margin,
     subject_check: Annotated[
         bool, typer.Option("--subject-check/--no-subject-check", help="Withhold an answer none of whose quotes "
                            "supports it: names the question's subject and, for a numeric question, holds a figure "
@@ -299,11 +304,11 @@ def ask(
     *refs, question = args
     if not question.strip():
         raise typer.BadParameter("the question is empty")
-    margin = {} if abstain_margin is None else {"abstain_margin": abstain_margin}
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
                            budget_tokens=budget, read_all=read_all, quote=not free_text, device=device,
                            subject_check=subject_check, thinking=False if no_thinking else None,
-                           reasoning_effort=reasoning_effort.value if reasoning_effort else None, **margin)
+                           reasoning_effort=reasoning_effort.value if reasoning_effort else None,
+                           abstain_margin=abstain_margin)
     if map_reduce and (evidence_only or read_all):
         raise typer.BadParameter("--map-reduce needs a model and reads segments itself")
     # On a terminal the draft streams, and until its first token a spinner shows the step;
@@ -433,6 +438,7 @@ def citation_line(c, *, multi: bool = False) -> str:
 
 def print_run(run, *, show_draft: bool = False) -> None:
     from ..pipelines.answer.query import preview
+    from .runs import model_label
 
     multi = len(run.doc_ids) > 1
     if run.status == "answered":
@@ -463,7 +469,7 @@ def print_run(run, *, show_draft: bool = False) -> None:
             out.print("  " + citation_line(c, multi=multi))
     t = run.timings.get("total_s")
     out.file.flush()
-    err.print(f"run {run.id}" + (f"  model {Path(run.model).name}" if run.model else "")
+    err.print(f"run {run.id}" + (f"  model {model_label(run.model)}" if run.model else "")
               + (f"  {t:.1f} s" if t else ""))
 
 

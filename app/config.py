@@ -1,5 +1,5 @@
 """The app's settings from the environment: every `DOCQA_*` / `XDG_*` variable the app layer
-reads is read here, and nowhere else (the engine's are read in engine/environment.py).
+reads is read here, and nowhere else (the engine's are read in engine/settings.py).
 
     DOCQA_DB               the database file (else $XDG_DATA_HOME/docqa/docqa.db)
     DOCQA_MAX_FILE_BYTES   the ingest size limit (else pipelines/ingest/source.py's DEFAULT_MAX_BYTES)
@@ -45,6 +45,15 @@ def max_file_bytes() -> int:
             raise DocqaError("DOCQA_MAX_FILE_BYTES must be positive")
         return value
     return DEFAULT_MAX_BYTES
+
+
+def check_environment() -> None:
+    """Every variable with a value to check, the app's and the engine's, read once when a
+    command starts: a bad one is one line naming it before any work, not a failure later."""
+    from ..engine.settings import check_environment as check_engine
+
+    max_file_bytes()
+    check_engine()
 
 
 def debug() -> bool:

@@ -22,7 +22,7 @@ from ..pipelines.answer.citations import Citation
 from ..pipelines.ingest.html import link_target
 from .errors import DocqaError
 from .jobs import JobError, get_job, job_runs
-from .runs import Run, RunNotFound, get_run
+from .runs import Run, RunNotFound, get_run, model_label
 from .store import Store
 
 Format = Literal["md", "html", "json"]
@@ -186,7 +186,7 @@ def to_markdown(report: Report) -> str:
     if report.checklist:
         out.append(f"Checklist: `{report.checklist}`  ")
     mode = "evidence only (no model)" if report.settings.get("evidence_only") else (
-        f"model {report.settings.get('model') or 'default'}")
+        f"model {model_label(report.settings.get('model')) if report.settings.get('model') else 'default'}")
     out += [f"Mode: {mode}  ", f"Created: {report.created_at}  ",
             "Counts: " + ", ".join(f"{k} {v}" for k, v in report.counts().items()), ""]
     for d in report.documents:
@@ -281,7 +281,7 @@ _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 
 def to_html(report: Report, *, citations_per_row: int = 3) -> str:
     mode = "evidence only (no model)" if report.settings.get("evidence_only") else (
-        f"model {Path(str(report.settings.get('model'))).name if report.settings.get('model') else 'default'}")
+        f"model {model_label(report.settings.get('model')) if report.settings.get('model') else 'default'}")
     return _ENV.from_string(_HTML).render(r=report, mode=mode, limit=citations_per_row,
                                           name=lambda p: Path(p).name)
 
@@ -327,7 +327,7 @@ def summary_view(store: Store, run: Run, summary) -> dict:
 
 def summary_markdown(v: dict) -> str:
     out = [f"# {_md_escape(v['title'])}", "", f"Run `{v['id']}` · {v['created_at']} · model "
-           f"{_md_escape(Path(v['model']).name) if v['model'] else 'none (evidence only)'}  ",
+           f"{_md_escape(model_label(v['model']))}  ",
            "Documents: " + "; ".join(f"`{d['doc_id']}` {_md_escape(d['title'] or Path(d['path']).name)}"
                                      for d in v["documents"]) + "  ",
            f"Every sentence cites verified lines; {v['dropped_sentences']} sentence(s) dropped without a citation.", ""]
@@ -374,7 +374,7 @@ blockquote { margin: .2rem 0; padding: .2rem .6rem; border-left: 3px solid #c7d2
 
 
 def summary_html(v: dict) -> str:
-    model = Path(v["model"]).name if v["model"] else "none (evidence only)"
+    model = model_label(v["model"])
     return _ENV.from_string(_SUMMARY_HTML).render(v=v, model=model, name=lambda p: Path(p).name)
 
 

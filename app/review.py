@@ -194,7 +194,7 @@ def _compare(runtime: Runtime, item: ChecklistItem, doc: Document, passages: lis
         status, text = "answered", "\n".join(lines)
     else:
         status = "not_found"
-        text = f"No conflict found between {a_id} and {b_id} by the rules (see pipelines/conflicts.py)."
+        text = f"No conflict found between {a_id} and {b_id} by the rules (exclusivity, periods that disagree, survival, notice and lock-in terms)."
     answer = Answer(question=item.question, status=status, answer=text, raw_answer=raw,
                     citations=citations, evidence=evidence)
     return answer, model_name, len(findings)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import secrets
 from datetime import datetime, timezone
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..pipelines.answer.citations import Citation
 from ..pipelines.answer.qa import Answer
 from .errors import DocqaError
+from .remote import PREFIX
 from .store import Store
 
 ROLES = ("answer", "evidence", "draft")  # draft: a withheld answer's citations
@@ -45,6 +47,17 @@ class Run(BaseModel):
     created_at: str
     job_id: str | None = None
     item_id: str | None = None
+
+
+def model_label(spec: str | None) -> str:
+    """How a run's model is shown: a checkpoint by its file or folder name, a model server as
+    "MODEL at URL" (its spec, `openai:URL#MODEL`, is no path)."""
+    if not spec:
+        return "none (evidence only)"
+    if spec.startswith(PREFIX):
+        url, _, model = spec.removeprefix(PREFIX).partition("#")
+        return f"{model or 'the server model'} at {url}"
+    return Path(spec).name
 
 
 def new_run_id() -> str:
