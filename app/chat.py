@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from . import config
-from .clikit import cli_errors, db_option, err, json_option, open_store, out, printable
+from .clikit import cli_errors, db_option, err, json_option, open_store, out, printable, terminal_safe
 
 if TYPE_CHECKING:  # `docqa --help` must not import the model stack
     from .runs import Run
@@ -100,13 +100,13 @@ def register(app) -> None:
         stream = err.is_terminal and not as_json and not evidence_only
 
         def on_token(delta: str) -> None:
-            err.file.write(delta)
+            err.file.write(terminal_safe(delta))
             err.file.flush()
 
         with open_store(db) as store:
             session = ChatSession(store, refs, settings)
             if interactive:
-                names = ", ".join(d.title or d.doc_id for d in session.docs.values())
+                names = ", ".join(printable(d.title or d.doc_id) for d in session.docs.values())
                 err.print(f"chat over {names}" + (f" (model loaded in {session.model_s:.1f} s)" if session.model_s else "")
                           + "; one question per line, 'quit' or Ctrl-D ends.")
 

@@ -26,7 +26,8 @@ from . import config
 from .errors import DocqaError
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, IngestProgress, cli_errors, collect_files, db_option,
-                     err, error_line, json_option, open_store, out, print_json, printable, short)
+                     err, error_line, json_option, open_store, out, print_json, printable, short,
+                     terminal_safe)
 
 app = typer.Typer(
     name="docqa",
@@ -198,13 +199,13 @@ def show(
         for s in secs:
             head = f"{s.number} " if s.number else ""
             where = f"p{s.span.page}:{s.span.line_start}-p{s.span.page_end}:{s.span.line_end}"
-            out.print(f"{'  ' * (s.level - 1)}{s.id:<6} {head}{s.title}  [{where}]")
+            out.print(f"{'  ' * (s.level - 1)}{s.id:<6} {head}{printable(s.title)}  [{where}]")
     if ancs is not None:
         table = Table(box=None, header_style="bold")
         for col in ("type", "subtype", "text", "value", "page:line", "section"):
             table.add_column(col)
         for a in ancs:
-            table.add_row(a.type, a.subtype or "", Text(a.text), Text(a.value),
+            table.add_row(a.type, a.subtype or "", Text(printable(a.text)), Text(printable(a.value)),
                           f"{a.span.page}:{a.span.line_start}", a.section_id or "")
         out.print(table)
 
@@ -228,9 +229,10 @@ def _show_info(info, as_json: bool) -> None:
         return
     for key in ("doc_id", "type", "title", "pages", "sections", "anchors", "segments",
                 "ingested_at"):
-        out.print(f"{key:<12} {getattr(info, key)}")
+        value = getattr(info, key)
+        out.print(f"{key:<12} {printable(value) if isinstance(value, str) else value}")
     for p in info.paths:
-        out.print(f"{'path':<12} {p}")
+        out.print(f"{'path':<12} {printable(p)}")
 
 
 @app.command()
@@ -321,7 +323,7 @@ def ask(
             if progress.active:
                 progress.stop()
                 err.print("draft (unverified): ", end="")
-            err.file.write(delta)
+            err.file.write(terminal_safe(delta))
             err.file.flush()
 
         if map_reduce:

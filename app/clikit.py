@@ -28,9 +28,21 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # a typed error, or some files failed to ingest while others succeeded
 EXIT_NOTHING_INGESTED = 3  # every file failed, or no ingestible file was found
 
-# Document text is data: never let rich interpret brackets in it as markup.
-out = Console(highlight=False, markup=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+class TextConsole(Console):
+    """A console for text that is data (document text, names, titles, answers): brackets are
+    never markup, `:name:` never an emoji, and a control character in a printed string is
+    written as an escape (`terminal_safe`), so no document, file name or answer drives the
+    terminal. Rich `Text` (tables) is built from escaped strings by its makers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(highlight=False, markup=False, emoji=False, soft_wrap=True, **kwargs)
+
+    def print(self, *objects, **kwargs) -> None:
+        super().print(*(terminal_safe(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
+out = TextConsole()
+err = TextConsole(stderr=True)
 
 db_option = Annotated[
     Optional[Path],
@@ -58,10 +70,20 @@ _CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7f, 0xa0))} | {
     0x09: "\\t", 0x0a: "\\n", 0x0d: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
+_CONTROL_BUT_LINES = {k: v for k, v in _CONTROL.items() if k not in (0x09, 0x0a)}
+
+
 def printable(text: str) -> str:
     """Control characters written as escapes (`\\n`, `\\x1b`): a file name with a newline must
-    not split a one-line message, nor one with ANSI codes drive the terminal."""
+    not split a one-line message, nor one with ANSI codes drive the terminal. For every
+    stored name and title, and anything shown on one line."""
     return text.translate(_CONTROL)
+
+
+def terminal_safe(text: str) -> str:
+    """As `printable`, but newlines and tabs kept: for text of several lines (an answer, a
+    page). What `out` and `err` do to every string they print."""
+    return text.translate(_CONTROL_BUT_LINES)
 
 
 def error_line(message: str) -> None:

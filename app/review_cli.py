@@ -184,7 +184,7 @@ def _print_summary(store: Store, summary) -> None:
     job = get_job(store, summary.job_id)
     runs = job_runs(store, job.id)
     for doc_id, path in job.documents:
-        out.print(Text(f"{doc_id}  {path}"))
+        out.print(Text(f"{doc_id}  {printable(path)}"))
         rows = []
         for item in job.checklist.items:
             run = runs.get((doc_id, item.id))
