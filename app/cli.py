@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest.chunks import SEGMENT_TOKENS
+from ..pipelines.ingest import SEGMENT_TOKENS
 from . import config
 from .errors import DocqaError
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
@@ -201,6 +200,8 @@ def show(
             where = f"p{s.span.page}:{s.span.line_start}-p{s.span.page_end}:{s.span.line_end}"
             out.print(f"{'  ' * (s.level - 1)}{s.id:<6} {head}{printable(s.title)}  [{where}]")
     if ancs is not None:
+        from rich.table import Table
+
         table = Table(box=None, header_style="bold")
         for col in ("type", "subtype", "text", "value", "page:line", "section"):
             table.add_column(col)

@@ -18,7 +18,6 @@ from rich.console import Console
 
 from . import config
 from .errors import DocqaError
-from .ingest import STDIN
 
 if TYPE_CHECKING:
     from .store import Store
@@ -119,6 +118,7 @@ def collect_files(paths: list[Path]) -> list[Path]:
     """Files named directly (any type: an unsupported one is then reported) and, below
     folders, the files with a supported extension, sorted, skipping hidden ones."""
     from ..pipelines.ingest.source import EXTENSIONS
+    from .ingest import STDIN
 
     found: list[Path] = []
     for p in paths:

@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..pipelines.ingest.source import DEFAULT_MAX_BYTES
 from .errors import DocqaError
 
 BUSY_TIMEOUT_S = 10.0
@@ -33,18 +32,22 @@ def default_db_path() -> Path:
 
 def max_file_bytes() -> int:
     """The ingest size limit; `DOCQA_MAX_FILE_BYTES` lowers or raises it (tests use a tiny one)."""
+    from ..pipelines.ingest.source import DEFAULT_MAX_BYTES  # not at import: it loads the document models
+
+    return _env_max_file_bytes() or DEFAULT_MAX_BYTES
+
+
+def _env_max_file_bytes() -> int | None:
     env = os.environ.get("DOCQA_MAX_FILE_BYTES")
-    if env:
-        try:
-            value = int(env)
-        except ValueError:
-            raise DocqaError(
-                f"DOCQA_MAX_FILE_BYTES must be a whole number of bytes, not {env!r}"
-            ) from None
-        if value <= 0:
-            raise DocqaError("DOCQA_MAX_FILE_BYTES must be positive")
-        return value
-    return DEFAULT_MAX_BYTES
+    if not env:
+        return None
+    try:
+        value = int(env)
+    except ValueError:
+        raise DocqaError(f"DOCQA_MAX_FILE_BYTES must be a whole number of bytes, not {env!r}") from None
+    if value <= 0:
+        raise DocqaError("DOCQA_MAX_FILE_BYTES must be positive")
+    return value
 
 
 def check_environment() -> None:
@@ -52,7 +55,7 @@ def check_environment() -> None:
     command starts: a bad one is one line naming it before any work, not a failure later."""
     from ..engine.settings import check_environment as check_engine
 
-    max_file_bytes()
+    _env_max_file_bytes()
     check_engine()
 
 

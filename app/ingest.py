@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest.chunks import SEGMENT_TOKENS
+from ..pipelines.ingest import SEGMENT_TOKENS
 from ..pipelines.ingest.source import Source, detect_type, doc_id_for, load
 from . import config
 

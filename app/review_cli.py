@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
@@ -132,6 +130,9 @@ def review(
                            reasoning_effort=reasoning_effort.value if reasoning_effort else None)
     if not evidence_only:
         check_thinking(settings)  # once, before any item is asked
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
     runner = (RayExecutor(address, workers, gpus=not evidence_only) if executor == "ray"
               else local_executor(workers or 1))
     with open_store(db) as store, Progress(

@@ -32,13 +32,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from .clikit import cli_errors, db_option, err, json_option, open_store, out, print_json
 from .errors import DocqaError
-from .store import Store
+
+if TYPE_CHECKING:  # `docqa --help` must not import the store (sqlite_utils)
+    from .store import Store
 
 # Bump when the map prompt or the statement rules change: old extractions stop matching.
 MAP_VERSION = 4
@@ -123,6 +125,7 @@ def minilm_embed():
 def _worker(db_path: str):
     """One store connection and document cache per worker process (and per database)."""
     from .service import Runtime
+    from .store import Store
 
     return Runtime(Store(db_path))
 

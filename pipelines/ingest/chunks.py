@@ -15,11 +15,9 @@ from bisect import bisect_right
 from typing import Callable
 
 from ..document import Chunk, Document, Span
+from . import SEGMENT_TOKENS
 
 __all__ = ["SEGMENT_TOKENS", "make_segments", "approx_tokens"]
-
-# The default segment size (`docqa ingest --segment-tokens`; review and the library use it too).
-SEGMENT_TOKENS = 2048
 
 _CJK_CLASS = r"\u3000-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
 _CJK = re.compile(f"[{_CJK_CLASS}]")
