@@ -99,6 +99,8 @@ def ingest(
                 failed += 1
                 results.append({"path": str(f), "error": e.reason})
                 error_line(str(e))
+            except DocqaError:  # the store (busy, damaged) or a setting: every later file would fail too
+                raise
             except Exception as e:
                 if config.debug():
                     raise
@@ -141,7 +143,7 @@ def docs(db: db_option = None, as_json: json_option = False) -> None:
 
     Example: docqa docs --json
     """
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         infos = store.list_documents()
     if as_json:
         print_json([asdict(i) for i in infos])
@@ -175,7 +177,7 @@ def show(
     """
     from ..pipelines.ingest.ocr import ocr_note
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         if page is not None:
             doc_id, pg = store.get_page(doc, page)
             _show_page(doc_id, pg, as_json, ocr_note(store.metadata(doc_id), page))
@@ -489,7 +491,7 @@ def runs(
     """
     from .runs import list_runs
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         items = list_runs(store, limit=limit)
     if as_json:
         print_json([run_json(r) | {"created_at": r.created_at, "job_id": r.job_id} for r in items])

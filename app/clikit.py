@@ -59,10 +59,20 @@ json_option = Annotated[bool, typer.Option("--json", help="Machine-readable JSON
 # `docqa --help`, `docs` and `show` must not pay for torch (see bench/startup.py).
 
 
-def open_store(db: Path | None) -> Store:
+def open_store(db: Path | None, *, write: bool = True) -> Store:
+    """The database of `--db` (else the default). A damaged one is refused for a command that
+    writes (`StoreDamaged`, before any work) and read with a one-line warning otherwise."""
+    from .errors import StoreDamaged
     from .store import Store
 
-    return Store(db if db is not None else config.default_db_path())
+    store = Store(db if db is not None else config.default_db_path())
+    if store.damage is not None:
+        if write:
+            store.close()
+            raise StoreDamaged(store.path, store.damage)
+        err.print(f"warning: database {printable(str(store.path))} is damaged ({printable(store.damage)}): what is "
+                  "read from it may be incomplete or wrong, and docqa will not write to it")
+    return store
 
 
 _CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7f, 0xa0))} | {

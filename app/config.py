@@ -18,7 +18,10 @@ from pathlib import Path
 
 from .errors import DocqaError
 
-BUSY_TIMEOUT_S = 10.0
+# How long a write waits for another process's write to finish before saying the database is
+# busy (README, "Using it"): a long ingest or review holds the lock only while it stores each
+# record or answer, so more than a minute means something else holds it.
+BUSY_TIMEOUT_S = 60.0
 
 
 def default_db_path() -> Path:

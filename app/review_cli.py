@@ -219,7 +219,7 @@ def export(
     """
     from .export import export as render
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         text = render(store, ref, fmt)  # type: ignore[arg-type]
     if output is None or str(output) == "-":
         out.file.write(text)
@@ -241,7 +241,7 @@ def browse(db: db_option = None) -> None:
     """
     from .tui import BrowseApp
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         BrowseApp(store).run()
 
 

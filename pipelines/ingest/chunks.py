@@ -91,6 +91,8 @@ def make_segments(
         if e <= s:
             e = s + 1  # one line over budget: it stands alone
             best = e
+            if best >= n:  # ... and it is the last line: the segment ends with the document
+                break
         else:
             best, best_p = e, -1
             for b in range(e, s, -1):
