@@ -28,6 +28,14 @@ class RunNotFound(DocqaError):
         super().__init__(f"no run or job named {ref!r} (see `docqa runs`)")
 
 
+class DocumentRemoved(DocqaError):
+    """A document was removed (`docqa rm`) while a question about it was being answered."""
+
+    def __init__(self, doc_ids: list[str]):
+        super().__init__(f"document {', '.join(doc_ids)} was removed while the answer was being made; "
+                         "the answer is not stored (ingest it again and ask again)")
+
+
 class Run(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -96,6 +104,12 @@ def save_run(
         item_id=item_id,
     )
     with store.transaction() as db:
+        # Under the write lock `docqa rm` takes too: a run is stored with all its documents or not
+        # at all, never with citations of a document that is gone.
+        gone = [d for d in dict.fromkeys([*doc_ids, *(c.doc_id for c in answer.citations + answer.evidence + answer.draft_citations)])
+                if db.execute("SELECT 1 FROM documents WHERE doc_id = ?", [d]).fetchone() is None]
+        if gone:
+            raise DocumentRemoved(gone)
         db.execute(
             "INSERT INTO runs (id, kind, question, doc_ids, model, settings, status, answer,"
             " raw_answer, timings, created_at, job_id, item_id)"
