@@ -27,7 +27,7 @@ def install_command(*requirements: str) -> str:
     for an environment without pip (`uv tool install`)."""
     python = shlex.quote(sys.executable)
     if importlib.util.find_spec("pip") is None:
-        return f"uv pip install --python {python} --no-deps {' '.join(requirements)}"
+        return f"uv pip install --no-deps {' '.join(requirements)} --python {python}"
     return f"{python} -m pip install --no-deps {' '.join(requirements)}"
 
 

