@@ -16,7 +16,6 @@ from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_file
                      error_line, json_option, open_store, out, print_json, printable, short)
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .errors import DocqaError
-from .tables import review_table
 
 if TYPE_CHECKING:  # imported for annotations only: `docqa --help` must not load the store
     from .store import Store
@@ -182,6 +181,7 @@ def review(
 
 def _print_summary(store: Store, summary) -> None:
     from .jobs import get_job, job_runs
+    from .tables import review_table
 
     job = get_job(store, summary.job_id)
     runs = job_runs(store, job.id)
