@@ -15,7 +15,6 @@ import typer
 
 from . import config
 from .clikit import cli_errors
-from .errors import DocqaError
 
 engine_app = typer.Typer(help="The embedded LLM engine.\n\nExample: docqa engine generate \"Hello\" --chat",
                          no_args_is_help=True, add_completion=False)
@@ -86,6 +85,8 @@ def generate(
         raise typer.BadParameter("--no-thinking and --reasoning-effort go to the chat template: add --chat")
     from docqa.engine.chat import ThinkingTracker
 
+    from .models import check_max_tokens
+
     engine = _load(model, device, dtype)
     if speculative is not None:
         engine.speculative = speculative
@@ -93,10 +94,7 @@ def generate(
     ids = (engine.chat_prompt(prompt, thinking=False if no_thinking else None,
                               reasoning_effort=reasoning_effort.value if reasoning_effort else None) if chat
            else engine.tokenizer.encode(prompt))
-    context = engine.config.max_position
-    if len(ids) + max_tokens > context:  # the dense state would hold them all: bounded by what the model knows
-        raise DocqaError(f"--max-tokens {max_tokens:,} does not fit the model's context of {context:,} tokens "
-                         f"beside the prompt's {len(ids):,}: use at most {max(context - len(ids), 0):,}")
+    check_max_tokens(max_tokens, engine.config.max_position)
     in_thinking = ThinkingTracker(engine.tokenizer, ids)
 
     def stream(token, delta):

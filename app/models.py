@@ -136,13 +136,13 @@ class Model:
         return self.generate.last if isinstance(self.generate, EngineGenerate) else None
 
 
-def check_before_work(model: str | None, *, evidence_only: bool, max_tokens: int, prompt_tokens: int = 0,
+def check_before_work(model: str | None, *, evidence_only: bool, max_tokens: int,
                       sentence_encoder: bool = False) -> None:
     """What a command will need, checked before it does any work, each a one-line error saying
     what fixes it: the model packages an ordinary `pip install docqa` leaves out (the default
     model when no model is named, the MiniLM encoder when asked for), and `max_tokens` within
-    the embedded model's context beside a prompt of up to `prompt_tokens` (a 10M-token limit
-    would allocate its KV cache; the trained context bounds what an answer can use)."""
+    the context the embedded model was trained for (a 10M-token limit would allocate its KV
+    cache; an answer longer than the context is beyond what the model knows)."""
     from ..engine.default_model import DEFAULT_MODEL_PACKAGE, MINILM_PACKAGE, install_command
 
     spec = None if evidence_only else config.model_spec(model)
@@ -159,18 +159,20 @@ def check_before_work(model: str | None, *, evidence_only: bool, max_tokens: int
     from ..engine.checkpoint import open_checkpoint
     from ..engine.default_model import resolve_model_path
 
-    context = open_checkpoint(resolve_model_path(spec)).config.max_position
-    if max_tokens + prompt_tokens > context:
-        beside = f" beside a prompt of up to {prompt_tokens:,} tokens (--budget)" if prompt_tokens else ""
-        raise DocqaError(f"--max-tokens {max_tokens:,} does not fit the model's context of {context:,} tokens{beside}: "
-                         f"use at most {context - prompt_tokens:,}")
+    check_max_tokens(max_tokens, open_checkpoint(resolve_model_path(spec)).config.max_position)
+
+
+def check_max_tokens(max_tokens: int, context: int) -> None:
+    """An answer's token limit within the model's trained context (the KV state is allocated for
+    all of them)."""
+    if max_tokens > context:
+        raise DocqaError(f"--max-tokens {max_tokens:,} is more than the model's context of {context:,} tokens: "
+                         f"use at most {context:,}")
 
 
 def check_ask(settings: AskSettings) -> None:
-    """`check_before_work` for an answer: retrieved passages take up to the budget; `--read-all`
-    reads the whole document, which the sparse engine may hold beyond the context."""
-    check_before_work(settings.model, evidence_only=settings.evidence_only, max_tokens=settings.max_tokens,
-                      prompt_tokens=0 if settings.read_all else settings.budget_tokens)
+    """`check_before_work` for an answer."""
+    check_before_work(settings.model, evidence_only=settings.evidence_only, max_tokens=settings.max_tokens)
 
 
 def check_thinking(settings: AskSettings) -> None:

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from .clikit import cli_errors, db_option, err, json_option, open_store, out, print_json
-from ..pipelines.ingest import SEGMENT_TOKENS
 from .errors import DocqaError
 
 if TYPE_CHECKING:  # `docqa --help` must not import the store (sqlite_utils)
@@ -360,7 +359,7 @@ def summarize_command(
     from .models import check_before_work
 
     check_before_work(model, evidence_only=evidence_only, max_tokens=settings.max_tokens,
-                      prompt_tokens=SEGMENT_TOKENS, sentence_encoder=settings.cluster != "section")
+                      sentence_encoder=settings.cluster != "section")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     runner = (RayExecutor(address, workers, gpus=not evidence_only) if executor == "ray"
