@@ -693,7 +693,7 @@ def context_benchmark(engine: Engine, context: int, question_tokens: int = 64, d
     state.truncate(context)
     res = engine.generate(question, decode_tokens, state=state, stop_ids=())
     graph_ms = None
-    if state.decode_graph is not None and state.decode_graph.graph is not None:
+    if getattr(state, "decode_graph", None) is not None and state.decode_graph.graph is not None:
         # the captured step alone, replayed back to back: what the decode loop adds is the rest
         g = state.decode_graph
         g.reset(context + question_tokens, 1)
