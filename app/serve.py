@@ -5,6 +5,13 @@ server-sent events, `data: {chat.completion.chunk}` … `data: [DONE]`). Standar
 (`http.server`); bound to 127.0.0.1 unless told otherwise. Requests are served one at a time
 (one engine, one set of weights); `/v1/models` still answers while a completion runs.
 
+Load. Up to MAX_WAITING completions wait for the engine; the listening socket's backlog is as
+long, so that many clients connecting at once are all accepted, and the one after them is
+answered 503 at once rather than left hanging. A body over MAX_BODY_BYTES is refused (413)
+before it is read, a prompt that with its `max_tokens` exceeds MAX_CONTEXT_TOKENS (400) before
+any model work; a client that goes away — waiting, or while its answer is computed — has its
+work cancelled, so it never holds the engine from the clients still there.
+
 Prefix caching: a prompt longer than one KV segment is prefilled into the engine's sparse
 state through the per-document prefix cache (engine/prefix_cache.py), so a later prompt that
 starts with the same full segments — the same long document followed by another question —
@@ -20,6 +27,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +42,13 @@ from .clikit import cli_errors, err
 from .errors import DocqaError
 
 MAX_TOKENS_LIMIT = 8192
+# The engine's longest context (SPEC §3: `engine bench --context` up to 1,048,576 tokens): a
+# prompt and its max_tokens together get no more.
+MAX_CONTEXT_TOKENS = 1 << 20
+# A body past this is refused before it is read: 1M tokens of text and its JSON escaping fit.
+MAX_BODY_BYTES = 8 << 20
+MAX_WAITING = 128  # completions queued for the engine; also the listening socket's backlog
+CANCEL_CHECK_S = 0.25  # how often a running completion looks whether its client went away
 # Doc key of served prompts in the prefix cache: clients send prompts, not documents; the
 # hash chain over the tokens keeps every prompt's KV its own.
 SERVE_KEY = "docqa-serve"
@@ -42,8 +58,16 @@ class RequestError(Exception):
     """A bad request: answered 400 with an OpenAI-style error body."""
 
 
+class _TooLarge(RequestError):
+    """A request body over MAX_BODY_BYTES: answered 413."""
+
+
 class ClientGone(Exception):
-    """The client closed the connection while its answer was streaming."""
+    """The client closed the connection: its completion is cancelled."""
+
+
+class Busy(Exception):
+    """MAX_WAITING completions wait already: answered 503."""
 
 
 @dataclass
@@ -63,6 +87,10 @@ class ServedEngine:
     name: str
     prefix_cache: object | None = None  # PrefixCache; None: made on the first long prompt
     lock: threading.Lock = field(default_factory=threading.Lock)
+    max_waiting: int = MAX_WAITING
+    max_context: int = MAX_CONTEXT_TOKENS
+    _queued: int = 0  # completions admitted and not finished (waiting or running)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         from ..engine.chat import render_chat, template_of
@@ -73,18 +101,51 @@ class ServedEngine:
         return tok.encode(text, add_bos=False)
 
     def complete(self, messages: list[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, on_delta=None) -> Completion:
-        ids = self.prompt_ids(messages)
-        with self.lock:
-            state, cached, cache = None, 0, None
-            if len(ids) > self._segment_size():
-                cache = self._cache()
-                state, cached = cache.get_state(SERVE_KEY, ids, capacity=len(ids) + max_tokens + 16)
-            result = self.engine.generate(
-                ids[cached:], max_new_tokens=max_tokens, state=state, temperature=temperature, top_p=top_p,
-                seed=seed, on_token=(lambda _id, delta: on_delta(delta) if delta else None) if on_delta else None)
-            if cache is not None:
-                cache.save(SERVE_KEY, ids, state)
+                 seed: int | None = None, on_start=None, on_delta=None, gone=lambda: False) -> Completion:
+        """Generate the answer to `messages`. Busy when max_waiting completions are queued
+        already, RequestError when the prompt is too long; else `on_start()` is called (the
+        request is accepted) before it waits for the engine. `gone()` says whether the client
+        went away: it is asked while the request waits and every CANCEL_CHECK_S while it runs,
+        and ClientGone ends the work then."""
+        with self._count_lock:
+            if self._queued >= self.max_waiting:
+                raise Busy()
+            self._queued += 1
+        try:
+            ids = self.prompt_ids(messages)
+            if len(ids) + max_tokens > self.max_context:
+                raise RequestError(f"the prompt ({len(ids):,} tokens) and max_tokens ({max_tokens:,}) exceed "
+                                   f"the served {self.max_context:,}-token context")
+            if on_start is not None:
+                on_start()
+            while not self.lock.acquire(timeout=CANCEL_CHECK_S):
+                if gone():
+                    raise ClientGone()
+            try:
+                return self._generate(ids, max_tokens, temperature, top_p, seed, on_delta, _Watch(gone))
+            finally:
+                self.lock.release()
+        finally:
+            with self._count_lock:
+                self._queued -= 1
+
+    def _generate(self, ids, max_tokens, temperature, top_p, seed, on_delta, watch) -> Completion:
+        watch()
+        state, cached, cache = None, 0, None
+        if len(ids) > self._segment_size():
+            cache = self._cache()
+            state, cached = cache.get_state(SERVE_KEY, ids, capacity=len(ids) + max_tokens + 16)
+
+        def on_token(_id, delta):
+            watch()
+            if on_delta is not None and delta:
+                on_delta(delta)
+
+        result = self.engine.generate(ids[cached:], max_new_tokens=max_tokens, state=state, temperature=temperature,
+                                      top_p=top_p, seed=seed, on_token=on_token,
+                                      on_prefill=lambda _done, _total: watch())
+        if cache is not None:
+            cache.save(SERVE_KEY, ids, state)
         return Completion(result.text, "stop" if result.stop_reason == "stop" else "length", len(ids),
                           len(result.token_ids), cached)
 
@@ -97,6 +158,20 @@ class ServedEngine:
         if self.prefix_cache is None:
             self.prefix_cache = self.engine.prefix_cache  # the engine's own, shared with `ask --read-all`
         return self.prefix_cache
+
+
+class _Watch:
+    """Raises ClientGone once `gone()` says so, asking it at most every CANCEL_CHECK_S."""
+
+    def __init__(self, gone):
+        self.gone, self.next = gone, 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + CANCEL_CHECK_S
+            if self.gone():
+                raise ClientGone()
 
 
 def _messages(body: dict) -> list[dict[str, str]]:
@@ -137,6 +212,7 @@ def _options(body: dict) -> dict:
 class Handler(BaseHTTPRequestHandler):
     server: "Server"
     server_version = "docqa-serve"
+    timeout = 300  # seconds a client may stall while sending its request or reading the answer
 
     def log_message(self, format, *args):  # one line per request, only when asked for
         if self.server.log:
@@ -153,6 +229,15 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, code: int, message: str, kind: str = "invalid_request_error") -> None:
         self._json(code, {"error": {"message": message, "type": kind}})
 
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end: the socket reads as ended (a pipelined next
+        request would read as data)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def do_GET(self):
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             served = self.server.served
@@ -161,22 +246,47 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no such endpoint: GET {self.path}", "not_found_error")
 
+    def _body(self) -> dict:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            raise RequestError("Content-Length must be a whole number of bytes")
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body stays unread
+            raise _TooLarge(f"the request body ({length:,} bytes) exceeds the {MAX_BODY_BYTES:,}-byte limit")
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            raise RequestError("the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        return body
+
     def do_POST(self):
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             return self._error(404, f"no such endpoint: POST {self.path}", "not_found_error")
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(body, dict):
-                raise RequestError("the request body must be a JSON object")
+            body = self._body()
             messages, options = _messages(body), _options(body)
-        except (ValueError, RequestError) as e:
-            return self._error(400, str(e) if isinstance(e, RequestError) else "the request body is not JSON")
+        except _TooLarge as e:
+            return self._error(413, str(e))
+        except RequestError as e:
+            return self._error(400, str(e))
         cid = "chatcmpl-" + secrets.token_hex(12)
         if body.get("stream"):
             return self._stream(cid, messages, options)
         try:
-            c = self.server.served.complete(messages, **options)
+            c = self.server.served.complete(messages, **options, gone=self._client_gone)
+        except RequestError as e:
+            return self._error(400, str(e))
+        except Busy:
+            return self._busy()
+        except ClientGone:
+            self.close_connection = True
+            return
         except Exception as e:  # the engine failed: the client gets an error, the server lives on
             return self._error(500, f"generation failed: {e}", "server_error")
         self._json(200, {
@@ -186,11 +296,18 @@ class Handler(BaseHTTPRequestHandler):
             "usage": _usage(c),
         })
 
-    def _stream(self, cid: str, messages, options) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
+    def _busy(self) -> None:
+        self.close_connection = True
+        data = json.dumps({"error": {"message": f"the server has {self.server.served.max_waiting} requests waiting; "
+                                                "try again later", "type": "server_busy"}}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Retry-After", "1")
         self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, cid: str, messages, options) -> None:
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.server.served.name}
 
@@ -201,17 +318,31 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 raise ClientGone() from None
 
-        try:
+        def start() -> None:  # accepted: the answer streams from here
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
             send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+
+        started = []
+        try:
             c = self.server.served.complete(
-                messages, **options, on_delta=lambda d: send({"index": 0, "delta": {"content": d}, "finish_reason": None}))
+                messages, **options, on_start=lambda: started.append(start()), gone=self._client_gone,
+                on_delta=lambda d: send({"index": 0, "delta": {"content": d}, "finish_reason": None}))
             send({"index": 0, "delta": {}, "finish_reason": c.finish_reason}, usage=_usage(c))
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
+        except RequestError as e:
+            return self._error(400, str(e))
+        except Busy:
+            return self._busy()
         except ClientGone:
-            return
-        except Exception as e:  # headers are sent: the error travels as an event
-            try:
+            self.close_connection = True
+        except Exception as e:
+            if not started:
+                return self._error(500, f"generation failed: {e}", "server_error")
+            try:  # headers are sent: the error travels as an event
                 self.wfile.write(b"data: " + json.dumps({"error": {"message": f"generation failed: {e}",
                                                                    "type": "server_error"}}).encode() + b"\n\n")
             except OSError:
@@ -226,6 +357,7 @@ def _usage(c: Completion) -> dict:
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = MAX_WAITING  # the listen backlog: clients connecting at once wait there, never reset
 
     def __init__(self, served: ServedEngine, host: str = "127.0.0.1", port: int = 0, log=None):
         super().__init__((host, port), Handler)
