@@ -262,6 +262,8 @@ class Engine:
         state's decode graph (see `_dense_state`). Odd lengths too: some kernels specialise on
         whether a length is a multiple of 16."""
         t0 = time.perf_counter()
+        from .benchmark import bench_prompt
+
         ids = bench_prompt(self.tokenizer, 301)
         self.generate(ids[:301], 2, stop_ids=())  # dense prefill + decode (the graph is captured)
         self.generate(ids[:300], 2, stop_ids=())
@@ -613,104 +615,3 @@ def _capture_decode(decoder, state):
         t[:, blk] = keep
     state.ksum.copy_(saved[3])
     return g
-
-
-BENCH_TEXT = (
-    "The Supplier shall deliver the Goods to the Customer at the Delivery Address on the Delivery "
-    "Date. Risk in the Goods passes on delivery; title passes when the Customer has paid in full. "
-    "Either party may terminate this Agreement on 30 days' written notice if the other commits a "
-    "material breach which, if remediable, it fails to remedy within 14 days of being asked to. "
-)
-
-
-def bench_prompt(tokenizer: Tokenizer, n_tokens: int) -> list[int]:
-    """Exactly n_tokens of contract-like text (repeated), for repeatable benchmarks."""
-    one = tokenizer.encode(BENCH_TEXT, add_bos=False)
-    ids = (one * (n_tokens // len(one) + 1))[:n_tokens]
-    if tokenizer.bos_id is not None and tokenizer.add_bos:
-        ids[0] = tokenizer.bos_id
-    return ids
-
-
-def peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def benchmark(engine: Engine, prefill_lengths=(512, 2048), decode_tokens: int = 64) -> dict:
-    """Prefill tok/s per prompt length, and decode tok/s after the shortest prompt."""
-    out = {"prefill": {}, "decode_tok_s": None}
-    for n in prefill_lengths:
-        ids = bench_prompt(engine.tokenizer, n)
-        state = engine.new_state(capacity=n + 1)
-        t0 = time.perf_counter()
-        engine.prefill(ids, state)
-        out["prefill"][n] = n / (time.perf_counter() - t0)
-    ids = bench_prompt(engine.tokenizer, min(prefill_lengths))
-    res = engine.generate(ids, decode_tokens, stop_ids=())
-    out["decode_tok_s"] = res.decode_tok_s
-    out["peak_rss_mib"] = peak_rss_mib()
-    return out
-
-
-def _sync(engine: Engine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-
-
-def context_benchmark(engine: Engine, context: int, question_tokens: int = 64, decode_tokens: int = 64,
-                      say: Callable[[str], None] = lambda _m: None) -> dict:
-    """The long-document path as `ask --read-all` runs it (the engine's sparse settings and
-    state factory): prefill seconds of a `context`-token document, decode ms/token after it,
-    and the time to the first token of a `question_tokens` question on the cached document
-    (the state truncated back to the document, as the prefix cache's live state is)."""
-    settings = engine.sparse_settings()
-    one = engine.tokenizer.encode(BENCH_TEXT, add_bos=False)
-    doc = bench_prompt(engine.tokenizer, context)
-    question = (one * (question_tokens // len(one) + 1))[:question_tokens]
-    cap = context + question_tokens + decode_tokens + 2 * GREEDY_SYNC_EVERY
-    state = engine.new_state(cap, settings)
-    # compile the kernels outside the timings, on this very state (a tiered one has its own variants)
-    engine.generate(doc[:min(context, 8192)], 4, state=state, stop_ids=())
-    state.truncate(0)
-    _sync(engine)
-    if engine.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(engine.device)
-    t0 = time.perf_counter()
-    engine.prefill(doc, state, on_chunk=lambda done, total: say(f"prefill {done}/{total}") if done % 131072 < 4096 else None)
-    _sync(engine)
-    prefill_s = time.perf_counter() - t0
-    firsts = []
-    for _ in range(3):
-        state.truncate(context)
-        t0 = time.perf_counter()
-        engine.generate(question, 1, state=state, stop_ids=())
-        _sync(engine)
-        firsts.append(time.perf_counter() - t0)
-    state.truncate(context)
-    engine.generate(question, 2 * GREEDY_SYNC_EVERY, state=state, stop_ids=())  # captures the decode graph
-    state.truncate(context)
-    res = engine.generate(question, decode_tokens, state=state, stop_ids=())
-    graph_ms = None
-    if getattr(state, "decode_graph", None) is not None and state.decode_graph.graph is not None:
-        # the captured step alone, replayed back to back: what the decode loop adds is the rest
-        g = state.decode_graph
-        g.reset(context + question_tokens, 1)
-        _sync(engine)
-        t0 = time.perf_counter()
-        for _ in range(32):
-            g.step()
-        _sync(engine)
-        graph_ms = (time.perf_counter() - t0) / 32 * 1e3
-    out = {"context": context, "prefill_s": prefill_s, "prefill_tok_s": context / prefill_s,
-           "decode_graph_ms": graph_ms,
-           "first_token_s": min(firsts), "decode_ms": res.decode_s / max(len(res.token_ids) - 1, 1) * 1e3,
-           "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
-           "state": type(state).__name__, "settings": {k: getattr(settings, k) for k in
-                                                       ("window", "top_k", "block_size", "sink_tokens", "kv_dtype")}}
-    if engine.device.type == "cuda":
-        out["peak_gpu_GiB"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
-    else:
-        out["peak_rss_mib"] = peak_rss_mib()
-    return out

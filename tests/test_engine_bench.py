@@ -24,9 +24,9 @@ def _bench(*args: str) -> dict:
 
 def _check_context_figures(res: dict, context: int) -> None:
     assert res["context"] == context and res["device"] == "cpu"
-    for key in ("prefill_s", "first_token_s", "decode_ms"):
+    for key in ("prefill_s", "first_token_s", "decode_ms_per_token", "peak_memory_gib"):
         assert res[key] > 0, key
-    assert res["state"] == "SparseKVState"
+    assert res["state"] == "SparseKVState" and res["dtype"] == "float32" and res["model"]
 
 
 @pytest.mark.slow  # loading and reading the default model: tens of seconds on a loaded 2-core CPU

@@ -182,17 +182,13 @@ def _first_mismatch(checks) -> int | None:
 
 class CudaKVState(KVStateBase):
     def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, *,
-                 device: torch.device | str = "cuda", layout: str = "time"):
+                 device: torch.device | str = "cuda"):
         super().__init__(config, settings)
         c, b = config, settings.block_size
         self.device = torch.device(device)
         self.dtype = DTYPES[settings.kv_dtype]
-        self.kv_layout = layout
         capacity = -(-capacity // b) * b
-        if layout == "time":
-            dims = (c.n_layers, capacity, c.n_kv_heads, c.head_dim)
-        else:  # "head": [L, Hkv, N, D], what SDPA wants for the dense baseline
-            dims = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
+        dims = (c.n_layers, capacity, c.n_kv_heads, c.head_dim)
         self.k = torch.empty(dims, dtype=self.dtype, device=self.device)
         self.v = torch.empty(dims, dtype=self.dtype, device=self.device)
         nb = capacity // b
@@ -202,11 +198,10 @@ class CudaKVState(KVStateBase):
         self.kmax = torch.empty_like(self.kmin)
         self.kmean = torch.empty_like(self.kmin)
         self.ksum = torch.zeros(c.n_layers, c.n_kv_heads, c.head_dim, dtype=torch.float32, device=self.device)
-        self.sdpa_len = 0  # the SDPA baseline's decode context (bench)
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[1] if self.kv_layout == "time" else self.k.shape[2]
+        return self.k.shape[1]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.kmin, self.kmax, self.kmean))
@@ -216,8 +211,6 @@ class CudaKVState(KVStateBase):
         graph points at the old buffers, so it is dropped."""
         if n <= self.capacity:
             return
-        if self.kv_layout != "time":
-            raise ValueError("the SDPA baseline's cache has a fixed capacity")
         b = self.settings.block_size
         cap = -(-max(n, 2 * self.capacity) // b) * b
         old = (self.k, self.v, self.kmin, self.kmax, self.kmean)
