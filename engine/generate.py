@@ -94,6 +94,10 @@ GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this ma
 # (~4K tokens of passages) and its answer, so one state and one captured decode graph serve
 # every question of a process.
 SCRATCH_TOKENS = 8192
+# The KV pool of batched requests (engine/batch.py) on a GPU takes at most this much, and at
+# most half of what is free beside the weights: the long-document states need room too.
+BATCH_POOL_BYTES = 16 * 2**30
+BATCH_POOL_TOKENS_CPU = 16384  # under the Triton interpreter (tests)
 
 
 @dataclass
@@ -118,6 +122,7 @@ class Engine:
     _prefix_cache: object = field(default=None, init=False, repr=False)
     _scratch: object = field(default=None, init=False, repr=False)  # see `_dense_state`
     _mtp: object = field(default=None, init=False, repr=False)
+    _batch: object = field(default=None, init=False, repr=False)  # see `batch_session`
     warm_up_s: float = field(default=0.0, init=False)  # what `warm_up` took (part of loading)
 
     def __post_init__(self):
@@ -283,6 +288,47 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warm_up_s = time.perf_counter() - t0
+
+    def batch_session(self):
+        """The engine's session for many requests at once (engine/batch.py), made on first use:
+        continuous batching over a paged KV pool on the Triton Llama-family decoder, one request
+        after another elsewhere."""
+        if self._batch is None:
+            from .batch import BatchSession, SequentialSession
+            from .gpu.model import CudaDecoder
+
+            if not isinstance(self.model, CudaDecoder):
+                self._batch = SequentialSession(self)
+            else:
+                from .gpu.paged import kv_bytes_per_token
+                from .gpu.state import RESERVE_BYTES
+
+                tokens = BATCH_POOL_TOKENS_CPU
+                if self.device.type == "cuda":
+                    free, _ = torch.cuda.mem_get_info(self.device)
+                    room = min(BATCH_POOL_BYTES, max(0, free - RESERVE_BYTES) // 2)
+                    tokens = room // kv_bytes_per_token(self.config, self.dtype)
+                self._batch = BatchSession(self, pool_tokens=tokens)
+        return self._batch
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 256, *,
+                       stop_ids: Sequence[int] | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                       seed: int | None = None,
+                       choose: Sequence[Callable[[torch.Tensor, list[int]], int] | None] | None = None,
+                       on_token: Sequence[Callable[[int, str], None] | None] | None = None) -> list[GenerationResult]:
+        """`generate` for every prompt, run together (`batch_session`); one result per prompt, in
+        order, each what `generate` gives that prompt alone (greedy: the same tokens). `choose`
+        and `on_token`: one per prompt (or None)."""
+        session = self.batch_session()
+        n = len(prompts)
+        choose, on_token = choose or [None] * n, on_token or [None] * n
+        requests = [session.add(self.tokenizer.encode(p) if isinstance(p, str) else list(p), max_new_tokens,
+                                stop_ids=stop_ids, temperature=temperature, top_p=top_p, seed=seed, choose=c,
+                                on_token=t)
+                    for p, c, t in zip(prompts, choose, on_token)]
+        while not all(r.done for r in requests):
+            session.step()
+        return [r.result for r in requests]
 
     @property
     def prefix_cache(self):
