@@ -2,8 +2,10 @@
 
 Endpoints: `GET /v1/models` and `POST /v1/chat/completions` (`stream: true` answers as
 server-sent events, `data: {chat.completion.chunk}` … `data: [DONE]`). Standard library only
-(`http.server`); bound to 127.0.0.1 unless told otherwise. Requests are served one at a time
-(one engine, one set of weights); `/v1/models` still answers while a completion runs.
+(`http.server`); bound to 127.0.0.1 unless told otherwise. One worker thread runs the engine
+(one set of weights): concurrent completions are batched (engine/batch.py: on the CUDA
+decoder they decode together, joining and leaving the batch at every step; elsewhere they run
+one after another); `/v1/models` still answers while completions run.
 
 Load. Up to MAX_WAITING completions wait for the engine; the listening socket's backlog is as
 long, so that many clients connecting at once are all accepted, and the one after them is
@@ -26,6 +28,7 @@ Sampling: greedy unless `temperature` > 0 (`top_p`, `seed` honoured); `stop` str
 from __future__ import annotations
 
 import json
+import queue
 import secrets
 import select
 import socket
@@ -79,9 +82,31 @@ class Completion:
     cached_tokens: int
 
 
+@dataclass(eq=False)
+class _Job:
+    """A completion on its way through the worker: the handler reads `out` — text deltas (when
+    streaming), then the Completion or the exception that ended it."""
+
+    ids: list[int]
+    options: dict
+    stream: bool
+    out: queue.Queue = field(default_factory=queue.Queue)
+    request: object = None  # engine/batch.py Request, once the session has it
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.request is not None:
+            self.request.cancel()
+
+
 @dataclass
 class ServedEngine:
-    """One engine behind a lock, with the prefix cache its long prompts go through."""
+    """One engine, run by one worker thread: completions are queued to it, and it runs those that
+    fit the engine's batch session together (continuous batching on the CUDA decoder: a
+    request joins the batch at the next step and leaves when it ends). A prompt longer than one
+    KV segment runs alone, through the prefix cache. The worker holds `lock` while the engine
+    works."""
 
     engine: object
     name: str
@@ -91,6 +116,8 @@ class ServedEngine:
     max_context: int = MAX_CONTEXT_TOKENS
     _queued: int = 0  # completions admitted and not finished (waiting or running)
     _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    _jobs: queue.Queue = field(default_factory=queue.Queue)
+    _worker: threading.Thread | None = None
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         from ..engine.chat import render_chat, template_of
@@ -118,36 +145,115 @@ class ServedEngine:
                                    f"the served {self.max_context:,}-token context")
             if on_start is not None:
                 on_start()
-            while not self.lock.acquire(timeout=CANCEL_CHECK_S):
-                if gone():
-                    raise ClientGone()
+            job = _Job(ids, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
+                       stream=on_delta is not None)
+            self._submit(job)
             try:
-                return self._generate(ids, max_tokens, temperature, top_p, seed, on_delta, _Watch(gone))
-            finally:
-                self.lock.release()
+                return self._await(job, on_delta, _Watch(gone))
+            except ClientGone:
+                job.cancel()
+                raise
         finally:
             with self._count_lock:
                 self._queued -= 1
 
-    def _generate(self, ids, max_tokens, temperature, top_p, seed, on_delta, watch) -> Completion:
-        watch()
-        state, cached, cache = None, 0, None
-        if len(ids) > self._segment_size():
-            cache = self._cache()
-            state, cached = cache.get_state(SERVE_KEY, ids, capacity=len(ids) + max_tokens + 16)
+    def _await(self, job: _Job, on_delta, watch) -> Completion:
+        while True:
+            try:
+                item = job.out.get(timeout=CANCEL_CHECK_S)
+            except queue.Empty:
+                watch()
+                continue
+            if isinstance(item, str):
+                on_delta(item)
+                watch()
+            elif isinstance(item, Completion):
+                return item
+            else:
+                raise item
+
+    def close(self) -> None:
+        """Stop the worker once it has finished what it runs."""
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join(timeout=60)
+            self._worker = None
+
+    # --- the worker ------------------------------------------------------------------------------
+    def _submit(self, job: _Job) -> None:
+        with self._count_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="docqa-serve-engine", daemon=True)
+                self._worker.start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        session = self.engine.batch_session()
+        active: dict = {}  # Request -> _Job
+        while True:
+            jobs = [] if session.has_work else [self._jobs.get()]
+            while True:
+                try:
+                    jobs.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            for job in jobs:
+                if job is None:
+                    for req in active:
+                        req.cancel()
+                    return
+                if job.cancelled:
+                    continue
+                if len(job.ids) > self._segment_size():
+                    self._run_alone(job)
+                    continue
+                o = job.options
+                on_token = (lambda _t, d, job=job: job.out.put(d) if d else None) if job.stream else None
+                job.request = session.add(job.ids, o["max_tokens"], temperature=o["temperature"], top_p=o["top_p"],
+                                          seed=o["seed"], on_token=on_token)
+                if job.cancelled:  # cancelled while it was being added
+                    job.request.cancel()
+                active[job.request] = job
+            if not session.has_work:
+                continue
+            try:
+                with self.lock:
+                    ended = session.step()
+            except Exception as e:  # the engine failed: every request in the batch gets the error
+                for req, job in active.items():
+                    session.abort(req)
+                    job.out.put(e)
+                active.clear()
+                continue
+            for req in ended:
+                r = req.result
+                active.pop(req).out.put(Completion(r.text, "stop" if r.stop_reason == "stop" else "length",
+                                                   r.prompt_tokens, len(r.token_ids), req.cached_tokens or 0))
+
+    def _run_alone(self, job: _Job) -> None:
+        """A long prompt: through the prefix cache (its document's KV prefilled once), alone."""
+        o = job.options
 
         def on_token(_id, delta):
-            watch()
-            if on_delta is not None and delta:
-                on_delta(delta)
+            if job.cancelled:
+                raise ClientGone()
+            if job.stream and delta:
+                job.out.put(delta)
 
-        result = self.engine.generate(ids[cached:], max_new_tokens=max_tokens, state=state, temperature=temperature,
-                                      top_p=top_p, seed=seed, on_token=on_token,
-                                      on_prefill=lambda _done, _total: watch())
-        if cache is not None:
-            cache.save(SERVE_KEY, ids, state)
-        return Completion(result.text, "stop" if result.stop_reason == "stop" else "length", len(ids),
-                          len(result.token_ids), cached)
+        try:
+            with self.lock:
+                cache = self._cache()
+                ids = job.ids
+                state, cached = cache.get_state(SERVE_KEY, ids, capacity=len(ids) + o["max_tokens"] + 16)
+                result = self.engine.generate(ids[cached:], max_new_tokens=o["max_tokens"], state=state,
+                                              temperature=o["temperature"], top_p=o["top_p"], seed=o["seed"],
+                                              on_token=on_token, on_prefill=lambda _d, _t: on_token(None, ""))
+                cache.save(SERVE_KEY, ids, state)
+        except Exception as e:  # ClientGone included: nobody reads it then
+            job.out.put(e)
+            return
+        job.out.put(Completion(result.text, "stop" if result.stop_reason == "stop" else "length", len(ids),
+                               len(result.token_ids), cached))
 
     def _segment_size(self) -> int:
         from ..engine.settings import EngineSettings
@@ -158,7 +264,6 @@ class ServedEngine:
         if self.prefix_cache is None:
             self.prefix_cache = self.engine.prefix_cache  # the engine's own, shared with `ask --read-all`
         return self.prefix_cache
-
 
 class _Watch:
     """Raises ClientGone once `gone()` says so, asking it at most every CANCEL_CHECK_S."""
@@ -362,6 +467,10 @@ class Server(ThreadingHTTPServer):
     def __init__(self, served: ServedEngine, host: str = "127.0.0.1", port: int = 0, log=None):
         super().__init__((host, port), Handler)
         self.served, self.log, self.started = served, log, int(time.time())
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.served.close()
 
     @property
     def url(self) -> str:

@@ -347,7 +347,7 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 1048576])
     ap.add_argument("--second-contexts", type=int, nargs="+", default=[32768, 131072],
                     help="contexts for architectures after the first")
-    ap.add_argument("--hf", action="store_true", help="HF transformers and dense SDPA on the same checkpoint")
+    ap.add_argument("--hf", action="store_true", help="HF transformers and the engine's dense state on the same checkpoint")
     ap.add_argument("--e2e", action="store_true", help="ingest, ask --read-all twice, then ask, on a ~128K-token document, before the engine bench")
     ap.add_argument("--e2e-tokens", type=int, default=128000)
     ap.add_argument("--e2e-only", action="store_true",

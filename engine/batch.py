@@ -43,11 +43,16 @@ class Request:
     added: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     ended: float | None = None
+    cached_tokens: int | None = None  # prompt tokens found in the KV cache when it was first admitted
+    cancelled: bool = False  # set from any thread (`cancel`): the session ends it at its next step
     result: GenerationResult | None = None  # once it has ended
 
     @property
     def done(self) -> bool:
         return self.result is not None
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 def _picker(engine: Engine, temperature: float, top_p: float, seed: int | None,
@@ -114,12 +119,21 @@ class BatchSession(_Session):
         return self.scheduler.has_work
 
     def step(self) -> list[Request]:
-        """One forward over what the scheduler picks; returns the requests that ended."""
+        """One forward over what the scheduler picks; returns the requests that ended (those
+        cancelled since the last step too)."""
+        ended = []
+        for req in [r for r in self._requests.values() if r.cancelled]:
+            self.abort(req)
+            ended.append(req)
         work = self.scheduler.schedule()
         if not work:
             if self.scheduler.has_work:
                 raise RuntimeError("the KV pool cannot hold any waiting request")
-            return []
+            return ended
+        for w in work:
+            req = self._requests[w.seq.seq_id]
+            if req.cached_tokens is None:
+                req.cached_tokens = w.start  # its first blocks came from the cache
         logits = self.runner.run(work)
         sampling = [w.seq for w in work if w.samples]
         greedy = logits.argmax(-1).tolist() if any(s.pick is None for s in sampling) else None
@@ -131,7 +145,7 @@ class BatchSession(_Session):
             req = self._requests[seq.seq_id]
             if req.first_token is None:
                 req.first_token = now
-        return [self._close(seq) for seq in self.scheduler.finish(work, tokens)]
+        return ended + [self._close(seq) for seq in self.scheduler.finish(work, tokens)]
 
     def abort(self, req: Request) -> None:
         """End a request now (its client went away): it keeps what it generated."""
@@ -172,7 +186,20 @@ class SequentialSession(_Session):
         if not self._queue:
             return []
         req, kw = self._queue.popleft()
-        req.result = self.engine.generate(req.seq.token_ids, **kw)
+        if req.cancelled:
+            return [self._aborted(req)]
+        emit = kw.pop("on_token")
+
+        def on_token(tok: int, delta: str) -> None:
+            if req.cancelled:
+                raise _Cancelled()
+            if emit is not None:
+                emit(tok, delta)
+
+        try:
+            req.result = self.engine.generate(req.seq.token_ids, **kw, on_token=on_token)
+        except _Cancelled:
+            return [self._aborted(req)]
         req.ended = time.perf_counter()
         req.seq.status = Status.FINISHED
         return [req]
@@ -181,7 +208,16 @@ class SequentialSession(_Session):
         for i, (r, _) in enumerate(self._queue):
             if r is req:
                 del self._queue[i]
-                req.seq.stop_reason = "aborted"
-                req.ended = req.first_token = time.perf_counter()
-                req.result = self._result(req)
+                self._aborted(req)
                 return
+
+    def _aborted(self, req: Request) -> Request:
+        req.seq.stop_reason = "aborted"
+        req.seq.status = Status.FINISHED
+        req.ended = req.first_token = time.perf_counter()
+        req.result = self._result(req)
+        return req
+
+
+class _Cancelled(Exception):
+    """A request cancelled while `Engine.generate` runs it (raised from its token callback)."""
