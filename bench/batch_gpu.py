@@ -6,7 +6,7 @@ A random-weight Llama-3-8B-shaped bf16 checkpoint is written with `transformers`
 tokenizer, as bench/gpu.py does) and loaded with `Engine.load(dir, device="cuda")`. Then:
 
 - review-shaped work: `--items` prompts (81: three contracts x the contract_review checklist) of
-  a shared system prompt and ~1.5K-4K tokens of passages each, `--answer-tokens` greedy tokens:
+  a shared system prompt and 1K-2.2K tokens of passages each, `--answer-tokens` greedy tokens:
   `Engine.generate` item after item (today's review), then `Engine.generate_batch` of all of
   them: items/s, decode tokens/s, and how many items gave the same tokens;
 - `docqa serve` (its `Server` in this process) with `--clients` concurrent clients on
@@ -59,14 +59,15 @@ def stage(name: str, fn, *a, **k):
 
 
 def review_prompts(engine, items: int) -> list[list[int]]:
-    """A shared system prompt, then ~1.5K-4K tokens of passages and a question per item."""
+    """A shared system prompt, then 1K-2.2K tokens of passages (1.6K on average: a retrieved
+    `ask` prompt of the issue's review was 1,599 tokens) and a question per item."""
     from docqa.engine.benchmark import bench_prompt
 
     system = "You answer questions about the contract below. Quote the clause that answers, with its citation."
-    base = bench_prompt(engine.tokenizer, 4096)
+    base = bench_prompt(engine.tokenizer, 2816)
     prompts = []
     for i in range(items):
-        n = 1536 + (i * 977) % 2560
+        n = 1024 + (i * 977) % 1152
         start = (i * 131) % 512
         passages = engine.tokenizer.decode(base[start:start + n])
         prompts.append(engine.chat_prompt(f"{passages}\n\nQuestion {i}: which party may terminate, and when?",
