@@ -383,23 +383,38 @@ class Handler(BaseHTTPRequestHandler):
         cid = "chatcmpl-" + secrets.token_hex(12)
         if body.get("stream"):
             return self._stream(cid, messages, options)
+        c = self._complete(lambda: self.server.served.complete(messages, **options, gone=self._client_gone))
+        if c is not None:
+            self._json(200, {
+                "id": cid, "object": "chat.completion", "created": int(time.time()),
+                "model": self.server.served.name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                             "finish_reason": c.finish_reason}],
+                "usage": _usage(c),
+            })
+
+    def _complete(self, run, started: list | None = None) -> Completion | None:
+        """run() -> its Completion; None when it failed, the failure answered: 400 (a bad
+        prompt), 503 (busy), nothing (the client left), or the engine's error — a 500, or an
+        event once a stream's headers are sent (`started` not empty)."""
         try:
-            c = self.server.served.complete(messages, **options, gone=self._client_gone)
+            return run()
         except RequestError as e:
-            return self._error(400, str(e))
+            self._error(400, str(e))
         except Busy:
-            return self._busy()
+            self._busy()
         except ClientGone:
             self.close_connection = True
-            return
         except Exception as e:  # the engine failed: the client gets an error, the server lives on
-            return self._error(500, f"generation failed: {e}", "server_error")
-        self._json(200, {
-            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": self.server.served.name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                         "finish_reason": c.finish_reason}],
-            "usage": _usage(c),
-        })
+            if not started:
+                self._error(500, f"generation failed: {e}", "server_error")
+            else:
+                try:
+                    self.wfile.write(b"data: " + json.dumps({"error": {"message": f"generation failed: {e}",
+                                                                       "type": "server_error"}}).encode() + b"\n\n")
+                except OSError:
+                    pass
+        return None
 
     def _busy(self) -> None:
         self.close_connection = True
@@ -415,43 +430,35 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, cid: str, messages, options) -> None:
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.server.served.name}
+        started = []
 
-        def send(choice: dict, **extra) -> None:
+        def write(data: bytes) -> None:
             try:
-                self.wfile.write(b"data: " + json.dumps(base | {"choices": [choice]} | extra).encode() + b"\n\n")
+                self.wfile.write(data)
                 self.wfile.flush()
             except OSError:
                 raise ClientGone() from None
+
+        def send(choice: dict, **extra) -> None:
+            write(b"data: " + json.dumps(base | {"choices": [choice]} | extra).encode() + b"\n\n")
 
         def start() -> None:  # accepted: the answer streams from here
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.end_headers()
+            started.append(True)
             send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
-        started = []
-        try:
+        def run() -> Completion:
             c = self.server.served.complete(
-                messages, **options, on_start=lambda: started.append(start()), gone=self._client_gone,
+                messages, **options, on_start=start, gone=self._client_gone,
                 on_delta=lambda d: send({"index": 0, "delta": {"content": d}, "finish_reason": None}))
             send({"index": 0, "delta": {}, "finish_reason": c.finish_reason}, usage=_usage(c))
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-        except RequestError as e:
-            return self._error(400, str(e))
-        except Busy:
-            return self._busy()
-        except ClientGone:
-            self.close_connection = True
-        except Exception as e:
-            if not started:
-                return self._error(500, f"generation failed: {e}", "server_error")
-            try:  # headers are sent: the error travels as an event
-                self.wfile.write(b"data: " + json.dumps({"error": {"message": f"generation failed: {e}",
-                                                                   "type": "server_error"}}).encode() + b"\n\n")
-            except OSError:
-                pass
+            write(b"data: [DONE]\n\n")
+            return c
+
+        self._complete(run, started)
 
 
 def _usage(c: Completion) -> dict:

@@ -161,27 +161,26 @@ class Engine:
             raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
         where = resolve_device(device)  # before reading weights: a bad choice fails at once
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
+        glm = False
         if use_triton:
             ckpt = open_checkpoint(resolve_model_path(path))
-            # FP8 checkpoints too: their matrices stay e4m3 on the device (engine/gpu/glm.py and
-            # engine/gpu/model.py)
-            if ckpt.config.arch in GLM_CUDA_ARCHS and has_triton():
-                from .gpu.glm import GlmCudaDecoder
-
-                dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
-                return cls(GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)), _tokenizer_of(ckpt), ckpt, where)
-            # Gemma runs its PyTorch model on the device (not wired in yet)
-            use_triton = ckpt.config.arch in TRITON_ARCHS
+            # GLM's MLA models run engine/gpu/glm.py's decoder, the Llama family engine/gpu/model.py's
+            # (FP8 checkpoints too: their matrices stay e4m3 on the device); Gemma runs its PyTorch
+            # model on the device (not wired in yet)
+            glm = ckpt.config.arch in GLM_CUDA_ARCHS and has_triton()
+            use_triton = glm or ckpt.config.arch in TRITON_ARCHS
         if use_triton:
             if not has_triton():
                 raise RuntimeError("the CUDA path needs triton: pip install 'docqa[gpu]'")
+            from .gpu.glm import GlmCudaDecoder
             from .gpu.model import CudaDecoder, CudaWeights
 
             dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
             tokenizer = _tokenizer_of(ckpt)
             document = prefetch(tokenizer) if prefetch else None
             cache = _prefetching_cache(ckpt, dtype, where, document) if document else None
-            model = CudaDecoder(ckpt.config, CudaWeights(ckpt.config, ckpt.tensors(dtype, where)))
+            model = (GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)) if glm else
+                     CudaDecoder(ckpt.config, CudaWeights(ckpt.config, ckpt.tensors(dtype, where))))
             engine = cls(model, tokenizer, ckpt, where)
             engine._prefix_cache = cache
             if where.type == "cuda":
@@ -607,20 +606,26 @@ def _prefetching_cache(ckpt: Checkpoint, dtype: torch.dtype, device: torch.devic
     being read into a new state meanwhile (`PrefixCache.prefetch`). That state may take only
     the GPU memory the weights will leave: the state factory's own estimate would count the
     memory they are about to fill as free."""
+    from .gpu.glm import GlmCudaState
     from .gpu.state import RESERVE_BYTES, new_cuda_state
     from .prefix_cache import PrefixCache
 
     settings = _sparse_settings(dtype)
+    config = ckpt.config
+    if config.arch in GLM_CUDA_ARCHS:  # MLA latents: one state on the GPU, no tiered form
+        def make(cap, budget=None):
+            return GlmCudaState(config, settings, cap, device)
+    else:
+        def make(cap, budget=None):
+            return new_cuda_state(config, settings, cap, device, gpu_kv_bytes=budget)
     budget = None
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # the weights, and a tenth more for what the decoder builds from them (fused QKV)
         budget = max(0, free - RESERVE_BYTES - int(1.1 * ckpt.parameter_count() * dtype.itemsize))
-    cache = PrefixCache.for_checkpoint(ckpt, settings, lambda cap: new_cuda_state(ckpt.config, settings, cap, device),
-                                       triton=True, device=device)
+    cache = PrefixCache.for_checkpoint(ckpt, settings, make, triton=True, device=device)
     doc_key, prefix_ids, capacity = document
-    cache.prefetch(doc_key, prefix_ids, capacity,
-                   new_state=lambda cap: new_cuda_state(ckpt.config, settings, cap, device, gpu_kv_bytes=budget))
+    cache.prefetch(doc_key, prefix_ids, capacity, new_state=lambda cap: make(cap, budget))
     return cache
 
 

@@ -23,6 +23,15 @@ def seq(ids, max_new=4, bs=4, **kw) -> Sequence:
     return Sequence(list(ids), max_new, bs, **kw)
 
 
+def computed(bm: BlockManager, ids) -> Sequence:
+    """A sequence given its blocks and computed: its full blocks are in the cache."""
+    s = seq(ids)
+    bm.allocate(s)
+    s.num_cached_tokens = len(s)
+    bm.hash_blocks(s)
+    return s
+
+
 def test_blocks_are_allocated_per_sequence_and_given_back():
     bm = BlockManager(8, 4)
     a = seq(range(10))  # three blocks, the last partial
@@ -41,10 +50,7 @@ def test_blocks_are_allocated_per_sequence_and_given_back():
 def test_full_blocks_are_shared_by_content_and_outlive_their_sequence():
     bm = BlockManager(8, 4)
     prefix = list(range(100, 108))  # two full blocks
-    a = seq(prefix + [1, 2, 3])
-    bm.allocate(a)
-    a.num_cached_tokens = len(a)  # computed
-    bm.hash_blocks(a)
+    a = computed(bm, prefix + [1, 2, 3])
     b = seq(prefix + [7])
     bm.allocate(b)
     assert b.block_table[:2] == a.block_table[:2] and b.num_cached_tokens == 8
@@ -64,10 +70,7 @@ def test_full_blocks_are_shared_by_content_and_outlive_their_sequence():
 
 def test_the_block_with_the_last_token_is_never_taken_from_the_cache():
     bm = BlockManager(4, 4)
-    a = seq(range(8))
-    bm.allocate(a)
-    a.num_cached_tokens = 8
-    bm.hash_blocks(a)
+    a = computed(bm, range(8))
     b = seq(range(8))  # the same 8 tokens: the second block holds the last one, computed again
     bm.allocate(b)
     assert b.num_cached_tokens == 4 and b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
@@ -75,10 +78,7 @@ def test_the_block_with_the_last_token_is_never_taken_from_the_cache():
 
 def test_a_reused_block_loses_its_hash_and_a_hit_rechecks_the_tokens():
     bm = BlockManager(2, 4)
-    a = seq(range(6))
-    bm.allocate(a)
-    a.num_cached_tokens = 6
-    bm.hash_blocks(a)
+    a = computed(bm, range(6))
     first = a.block_table[0]
     bm.deallocate(a)
     # the first block's hash names tokens 0..3: a forged entry pointing it at other tokens is refused
