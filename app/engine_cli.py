@@ -197,7 +197,7 @@ def bench(
 
     Example: docqa engine bench --device cuda --context 131072 --json
     """
-    from docqa.engine.generate import benchmark, context_benchmark
+    from docqa.engine.benchmark import benchmark, context_benchmark
 
     engine = _load(model, device, dtype)
     if context:
@@ -210,7 +210,7 @@ def bench(
     elif context:
         typer.echo(f"context {res['context']} tokens on {res['device']} ({res['dtype']}, {res['state']}): "
                    f"prefill {res['prefill_s']:.2f} s ({res['prefill_tok_s']:,.0f} tok/s), "
-                   f"decode {res['decode_ms']:.2f} ms/token, first token {res['first_token_s'] * 1e3:.1f} ms")
+                   f"decode {res['decode_ms_per_token']:.2f} ms/token, first token {res['first_token_s'] * 1e3:.1f} ms")
     else:
         for n, rate in res["prefill"].items():
             typer.echo(f"prefill {n:>5} tokens: {rate:8.1f} tok/s")

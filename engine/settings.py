@@ -23,9 +23,7 @@ POSITION_SCHEMES = ("true", "packed", "inflm")
 
 @dataclass(frozen=True)
 class EngineSettings:
-    # "sparse", "dense", or "sdpa": PyTorch SDPA over a head-major cache, the dense baseline
-    # bench/gpu.py reports beside the CUDA decoder (not a product path)
-    attention: str = "sparse"
+    attention: str = "sparse"  # or "dense": exact attention over every key
     sink_tokens: int = 4
     window: int = 1024  # local window: query i always sees keys i-window+1 .. i
     block_size: int = 64  # routing granularity
@@ -63,7 +61,7 @@ class EngineSettings:
     kv_dtype: str = "float32"  # storage dtype of the cache: float32, bfloat16, float16
 
     def __post_init__(self):
-        assert self.attention in ("sparse", "dense", "sdpa"), self.attention
+        assert self.attention in ("sparse", "dense"), self.attention
         assert self.positions in POSITION_SCHEMES, self.positions
         assert self.block_score in ("minmax", "mean"), self.block_score
         assert self.block_size > 0 and self.window > 0 and self.top_k >= 0 and self.sink_tokens >= 0
