@@ -42,7 +42,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
-from .conflicts import detect_conflicts, detect_cross_conflicts, sentences
+from .conflicts import Finding, detect_conflicts, detect_cross_conflicts, sentences
 from .mapreduce import paper_header
 from ..document import Chunk, Document
 from .query import content_words, stem
@@ -840,30 +840,43 @@ _CONFLICT_FACTS = re.compile(r"exclusiv|terminat|cancel|surviv|perpetu|trade sec
 _SIDE_A, _SIDE_B = "\x01", "\x02"
 
 
+def statement_spans(doc_id: str, stmts: Sequence[Statement]) -> list[tuple[int, int]]:
+    """The char spans of a document's statements that the conflict rules can read."""
+    return [(c.span.char_start, c.span.char_end) for s in stmts if s.doc_id == doc_id and _CONFLICT_FACTS.search(s.text)
+            for c in s.citations if c.span.char_start is not None]
+
+
+def document_findings(doc: Document, spans: Sequence[tuple[int, int]]) -> list[Finding]:
+    """The rules' findings among one document's statements (`statement_spans`), one per rule
+    and sentence: the rest would say the same of it. Sides are `_SIDE_A`/`_SIDE_B` in the text."""
+    out: list[Finding] = []
+    seen: set[tuple] = set()
+    # One pass over all of the document's statements against themselves.
+    for f in detect_conflicts(doc, _SIDE_A, spans, _SIDE_B, spans):
+        pair = (f.rule, frozenset([(f.a.span.char_start, f.a.span.char_end), (f.b.span.char_start, f.b.span.char_end)]))
+        if pair in seen:  # both sides are the same statements: each finding comes twice
+            continue
+        seen.add(pair)
+        if (f.rule, f.a.span.char_start) in seen or (f.rule, f.b.span.char_start) in seen:
+            continue
+        seen.update({(f.rule, f.a.span.char_start), (f.rule, f.b.span.char_start)})
+        out.append(f)
+    return out
+
+
 def conflict_blocks(docs: Mapping[str, Document], stmts: Sequence[Statement],
                     names: Mapping[str, str]) -> list[Block]:
     """Rule-found contradictions among the statements: within a document (named by the
     top-level sections of the two sentences), and across documents. Both sides cited."""
     out: list[Sentence] = []
-    spans = {d: [(c.span.char_start, c.span.char_end) for s in stmts if s.doc_id == d and _CONFLICT_FACTS.search(s.text)
-                 for c in s.citations if c.span.char_start is not None] for d in docs}
+    spans = {d: statement_spans(d, stmts) for d in docs}
     for doc_id, doc in docs.items():
-        if not spans[doc_id]:
-            continue
-        # One pass over all of the document's statements; the rules' "A"/"B" are then
-        # written as "one statement"/"another" and the tag names the two sections.
-        seen: set[tuple] = set()
-        for f in detect_conflicts(doc, _SIDE_A, spans[doc_id], _SIDE_B, spans[doc_id]):
-            pair = (f.rule, frozenset([(f.a.span.char_start, f.a.span.char_end), (f.b.span.char_start, f.b.span.char_end)]))
-            if pair in seen:  # both sides are the same statements: each finding comes twice
-                continue
-            seen.add(pair)
+        for f in document_findings(doc, spans[doc_id]) if spans[doc_id] else []:
+            # The rules' "A"/"B" are written as "one statement"/"another"; the tag names the
+            # two sections.
             where = f"{_section_name(doc, f.a.span.char_start or 0)} vs {_section_name(doc, f.b.span.char_start or 0)}"
             if len(docs) > 1:
                 where = f"{names[doc_id]}: {where}"
-            if (f.rule, f.a.span.char_start) in seen or (f.rule, f.b.span.char_start) in seen:
-                continue  # one finding per rule and sentence: the rest say the same of it
-            seen.update({(f.rule, f.a.span.char_start), (f.rule, f.b.span.char_start)})
             why = f.text.split("] ", 1)[1]
             first = min((i for i in (why.find(_SIDE_A), why.find(_SIDE_B)) if i >= 0), default=-1)
             if first >= 0:  # whichever side the rule names first is "one statement"
