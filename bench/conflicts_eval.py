@@ -7,7 +7,9 @@ the corpus contracts, from the two places a user sees them:
 - `review`: the `contract_review` checklist's three `compare` items, evidence-only (each
   compares the passages cited for its two items);
 - `summary`: the `[CONFLICT: …]` block of `docqa summarize --evidence-only` (standard
-  length), which runs the rules over all of a document's extracted statements.
+  length), which runs the rules over all of a document's extracted statements;
+- `document`: the rules over every sentence of the contract against every other — wider
+  than any user path, so that a rule which pairs unrelated clauses shows here first.
 
 Each flag is looked up in `bench/data/conflict_labels.tsv` (one row per flag: document, rule,
 both citations, true/false, a one-line reason, both quotes), labelled by reading both sides
@@ -49,14 +51,14 @@ class Flag:
         return self.doc, self.rule, x, y
 
 
-def _where(c) -> str:
+def where(c) -> str:
     s = c.span
     return f"p.{s.page} l.{s.line_start}" + (f"-{s.line_end}" if s.line_end != s.line_start else "")
 
 
-def _flag(doc: str, source: str, f) -> Flag:
+def flag_of(doc: str, source: str, f) -> Flag:
     one = lambda q: " ".join(q.split())  # noqa: E731
-    return Flag(doc, source, f.rule, _where(f.a), _where(f.b), one(f.a.quote), one(f.b.quote), f.text)
+    return Flag(doc, source, f.rule, where(f.a), where(f.b), one(f.a.quote), one(f.b.quote), f.text)
 
 
 def collect(store, contracts: list[Path]) -> list[Flag]:
@@ -79,10 +81,12 @@ def collect(store, contracts: list[Path]) -> list[Flag]:
         doc = library.load([doc_id])[0][doc_id]
         for item in checklist.comparisons:
             for f in compare_findings(doc, item, {ref: runs[(doc_id, ref)] for ref in item.compare}):
-                flags.append(_flag(name, f"review:{item.id}", f))
+                flags.append(flag_of(name, f"review:{item.id}", f))
         stmts = [s for seg in doc.segments for s in extract_segment(doc, seg, None).statements]
         for f in document_findings(doc, statement_spans(doc_id, stmts)):
-            flags.append(_flag(name, "summary", f))
+            flags.append(flag_of(name, "summary", f))
+        for f in document_findings(doc, [(0, len(doc.text))]):
+            flags.append(flag_of(name, "document", f))
     return flags
 
 
@@ -143,8 +147,8 @@ def main() -> None:
     lines = [
         "# Conflict findings on the corpus contracts, against hand labels", "",
         "Command: `.venv/bin/python bench/conflicts_eval.py` (a fresh `--db`; ingest included).", "",
-        f"Flags of the `contract_review` compare items (evidence-only) and of the evidence-only summaries' "
-        f"conflict block, on {len(contracts)} contracts ({len(TUNE_CONTRACTS)} tune, {len(HELD_OUT_CONTRACTS)} held out), "
+        f"Flags of the `contract_review` compare items (evidence-only), of the evidence-only summaries' "
+        f"conflict block and of the rules over every sentence of each contract, on {len(contracts)} contracts ({len(TUNE_CONTRACTS)} tune, {len(HELD_OUT_CONTRACTS)} held out), "
         f"each looked up in `bench/data/conflict_labels.tsv` ({len(labels)} labelled flags). "
         f"Precision = flags labelled true / all distinct flags (an unlabelled flag counts as wrong). "
         f"Run time {elapsed:.0f} s.", "",

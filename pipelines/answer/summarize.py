@@ -42,11 +42,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
-from .conflicts import Finding, detect_conflicts, detect_cross_conflicts, sentences
+from .conflicts import Finding, detect_conflicts, detect_cross_conflicts
 from .mapreduce import paper_header
 from ..document import Chunk, Document
 from .query import content_words, stem
 from .quote_constraint import QuotePlan
+from .sentences import clauses, sentences
 from ..textnorm import normalize
 
 Length = Literal["brief", "standard", "detailed"]
@@ -72,7 +73,8 @@ LENGTHS: dict[str, LengthSpec] = {
 }
 
 MIN_UNIT_CHARS = 30
-MAX_UNIT_CHARS = 420  # a longer sentence is cut at its semicolons into clauses
+MAX_UNIT_CHARS = 420  # a longer sentence is cut at its semicolons into clauses (never at a line end)
+LONGEST_UNIT_CHARS = 3 * MAX_UNIT_CHARS  # a clause still longer is a table or a list: not a statement
 
 
 # -- models -------------------------------------------------------------------------------
@@ -183,12 +185,14 @@ class Summary(BaseModel):
 
 @dataclass(frozen=True)
 class Unit:
-    """A sentence (or a long sentence's clause) of a segment, on one page."""
+    """A sentence (or a long sentence's clause) of a segment, whole: on one page or, when it
+    runs across a page break, in one part per page."""
 
     start: int
     end: int
     text: str
     score: float
+    parts: tuple[tuple[int, int], ...]
 
 
 _MODAL = re.compile(r"\b(shall|must|will|agrees? to|undertakes? to|is required to|are required to|covenants? to|"
@@ -207,30 +211,6 @@ _CONCLUSION = re.compile(r"\b(?:we (?:find|found|show|observe|demonstrate|conclu
                          r"in this (?:paper|work)|this (?:paper|work) )", re.I)
 _BOILER = re.compile(r"\b(?:confidential treatment|redacted|copyright|all rights reserved|\[\*+\]|page \d+ of \d+|in witness whereof|"
                      r"signature|by:\s*_+|name:|title:)", re.I)
-
-
-def _clauses(text: str, start: int) -> list[tuple[int, int]]:
-    """A long sentence cut at its semicolons, and a piece still too long (a table, a list
-    without punctuation) at line ends; spans relative to the document."""
-    if len(text) <= MAX_UNIT_CHARS:
-        return [(start, start + len(text))]
-    pieces, pos = [], 0
-    for m in re.finditer(r";\s+", text):
-        pieces.append((pos, m.start() + 1))
-        pos = m.end()
-    pieces.append((pos, len(text)))
-    out = []
-    for a, b in pieces:
-        if b - a <= MAX_UNIT_CHARS:
-            out.append((start + a, start + b))
-            continue
-        cut = a
-        for m in re.finditer(r"\n", text[a:b]):
-            if a + m.start() - cut > MAX_UNIT_CHARS * 0.6:
-                out.append((start + cut, start + a + m.start()))
-                cut = a + m.end()
-        out.append((start + cut, start + b))
-    return out
 
 
 def _body_start(doc: Document, offset: int) -> bool:
@@ -260,6 +240,8 @@ def score_sentence(text: str, focus: frozenset[str] | None = None) -> float:
         s -= 2.0
     n = len(text)
     s += 0.5 if 60 <= n <= 320 else 0.0
+    # A statement is shown whole: one of many clauses (a list, a table) reads poorly.
+    s -= (n - 1) // MAX_UNIT_CHARS
     if focus:
         s += 3.0 * len(focus & {stem(w) for w in content_words(text)})
     return s
@@ -305,24 +287,33 @@ def _lower_words(text: str) -> int:
     return len(re.findall(r"\b[a-z]{2,}\b", text))
 
 
+def _unit(doc: Document, parts: Sequence[tuple[int, int]], headings: Mapping[int, int], fw) -> Unit | None:
+    """A sentence's parts as a unit, without the heading lines it starts with; None for one
+    too short or not starting in the body text."""
+    first = _trim(doc, *parts[0], headings)
+    parts = [first, *parts[1:]] if first[1] > first[0] else list(parts[1:])
+    if not parts:
+        return None
+    text = " ".join(w for a, b in parts for w in doc.text[a:b].split())
+    if not MIN_UNIT_CHARS <= len(text) <= LONGEST_UNIT_CHARS or _lower_words(text) < 4 or not _body_start(doc, parts[0][0]):
+        return None
+    return Unit(parts[0][0], parts[-1][1], text, score_sentence(text, fw), tuple(parts))
+
+
 def units(doc: Document, seg: Chunk, focus: str | None = None) -> list[Unit]:
-    """Every sentence (clause of a long one) of a segment worth considering, in reading order."""
+    """Every sentence (clause of a long one) that starts in a segment and is worth considering,
+    whole, in reading order."""
     fw = focus_words(focus)
     headings = _heading_lines(doc)
     out: list[Unit] = []
-    for p in doc.pages[seg.span.page - 1 : seg.span.page_end]:
-        lo, hi = max(p.start, seg.span.char_start), min(p.end, seg.span.char_end)
-        if hi <= lo:
-            continue
-        for s in sentences(doc, [(lo, hi)]):
-            if not (lo <= s.start < hi):
-                continue
-            for a, b in _clauses(doc.text[s.start : s.end], s.start):
-                a, b = _trim(doc, a, b, headings)
-                text = " ".join(doc.text[a:b].split())
-                if len(text) < MIN_UNIT_CHARS or _lower_words(text) < 4 or not _body_start(doc, a):
-                    continue
-                out.append(Unit(a, b, text, score_sentence(text, fw)))
+    lo, hi = seg.span.char_start, seg.span.char_end
+    for s in sentences(doc, [(lo, hi)]):
+        if not (lo <= s.start < hi):
+            continue  # a sentence is read in the segment where it starts
+        for c in clauses(doc, s, MAX_UNIT_CHARS):
+            u = _unit(doc, c.parts, headings, fw)
+            if u is not None:
+                out.append(u)
     return out
 
 
@@ -332,12 +323,16 @@ def candidates(doc: Document, seg: Chunk, n: int, focus: str | None = None) -> l
     return sorted(best, key=lambda u: u.start)
 
 
-def cite_unit(doc: Document, u: Unit) -> Citation:
-    """The unit's lines, quoting the source as written: its line breaks are kept, so a word
-    hyphenated across two lines verifies as the one word it is."""
-    raw = doc.text[u.start : u.end]
-    hit = find_quote(doc, raw, u.start, u.end) or (u.start, u.end)
-    return relocate(doc, hit, quote=raw).model_copy(update={"relocated": False})
+def cite_unit(doc: Document, u: Unit) -> list[Citation]:
+    """The unit's lines, one citation per page it lies on, each quoting the source as
+    written: its line breaks are kept, so a word hyphenated across two lines verifies as the
+    one word it is."""
+    out = []
+    for a, b in u.parts:
+        raw = doc.text[a:b]
+        hit = find_quote(doc, raw, a, b) or (a, b)
+        out.append(relocate(doc, hit, quote=raw).model_copy(update={"relocated": False}))
+    return out
 
 
 # -- classifying statements ----------------------------------------------------------------
@@ -428,7 +423,7 @@ MAP_PROMPT_FREE = (
 def map_messages(doc: Document, cands: Sequence[Unit], n: int, focus: str | None, *, quote: bool) -> list[dict]:
     tail = f", above all about: {focus}" if focus else ""
     system = (MAP_PROMPT if quote else MAP_PROMPT_FREE).format(n=n, focus=tail)
-    lines = [f"{cite_unit(doc, u).label()} {u.text}" for u in cands]
+    lines = [f"{cite_unit(doc, u)[0].label()} {u.text}" for u in cands]
     return [{"role": "system", "content": system},
             {"role": "user", "content": "[EXCERPT]\n" + "\n".join(lines) + "\n[END OF EXCERPT]"}]
 
@@ -438,7 +433,7 @@ def map_plan(doc: Document, cands: Sequence[Unit], n: int) -> QuotePlan:
     cover two short sentences of one line, so its source is their text together."""
     by_label: dict[str, list[str]] = {}
     for u in cands:
-        by_label.setdefault(cite_unit(doc, u).label(), []).append(u.text)
+        by_label.setdefault(cite_unit(doc, u)[0].label(), []).append(u.text)
     # A quote needs only to pick its sentence out: the statement is the whole sentence.
     return QuotePlan(labels=tuple(by_label), sources=tuple(" ".join(v) for v in by_label.values()),
                      abstain=None, max_citations=n, min_quote_chars=24, max_quote_tokens=14)
@@ -462,7 +457,7 @@ def extract_segment(doc: Document, seg: Chunk, generate: Callable | None, *, len
         firsts = list({(sec.id if (sec := section_of(doc, u.start)) else None): u for u in reversed(ranked)}.values())
         firsts.sort(key=lambda u: (-u.score, u.start))
         best = (firsts + [u for u in ranked if u not in firsts])[: spec.per_segment]
-        stmts = [_statement(doc, seg, u.text, [cite_unit(doc, u)], who) for u in sorted(best, key=lambda u: u.start)]
+        stmts = [_statement(doc, seg, u.text, cite_unit(doc, u), who) for u in sorted(best, key=lambda u: u.start)]
         return SegmentExtraction(doc_id=doc.doc_id, segment=seg.index, statements=stmts)
     messages = map_messages(doc, cands, spec.per_segment, focus, quote=quote)
     raw = generate(messages, map_plan(doc, cands, spec.per_segment)) if quote else generate(messages)
@@ -482,7 +477,7 @@ def extract_segment(doc: Document, seg: Chunk, generate: Callable | None, *, len
                 rejected += unit is None
                 continue
             taken.add(unit.start)
-            stmts.append(_statement(doc, seg, unit.text, [cite_unit(doc, unit)], who))
+            stmts.append(_statement(doc, seg, unit.text, cite_unit(doc, unit), who))
             continue
         # Free text: the statement is the model's words before its quote, resting on the quote.
         line = raw[: span.start].rsplit("\n", 1)[-1]
@@ -947,20 +942,17 @@ def first_sentences(doc: Document) -> Summary:
     headings = _heading_lines(doc)
     out, seen = [], set()
     for s in doc.sections:
-        for p in doc.pages[s.span.page - 1 : s.span.page_end]:
-            lo, hi = max(p.start, s.span.char_start), min(p.end, s.span.char_end)
-            first = None
-            for x in (sentences(doc, [(lo, hi)]) if hi > lo else []):
-                a, b = _trim(doc, max(x.start, lo), x.end, headings)
-                text = " ".join(doc.text[a:b].split())
-                if lo <= a < hi and len(text) >= MIN_UNIT_CHARS and _lower_words(text) >= 4 and _body_start(doc, a):
-                    first = Unit(a, b, text, 0.0)
-                    break
-            if first:
-                if first.start not in seen:
-                    seen.add(first.start)
-                    out.append(Sentence(text=first.text, citations=[cite_unit(doc, first)]))
+        lo, hi = s.span.char_start, s.span.char_end
+        first = None
+        for x in (sentences(doc, [(lo, hi)]) if hi > lo else []):
+            parts = [(max(a, lo), b) for a, b in x.parts if b > lo]
+            u = _unit(doc, parts, headings, None) if parts else None
+            if u is not None and lo <= u.start < hi:
+                first = u
                 break
+        if first and first.start not in seen:
+            seen.add(first.start)
+            out.append(Sentence(text=first.text, citations=cite_unit(doc, first)))
     summary = Summary(doc_ids=[doc.doc_id], length="baseline", blocks=[Block(kind="topic", title="First sentences",
                                                                             doc_id=doc.doc_id, sentences=out)])
     return enforce_citations(summary, {doc.doc_id: doc})
