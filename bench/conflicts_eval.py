@@ -147,25 +147,45 @@ def main() -> None:
     lines = [
         "# Conflict findings on the corpus contracts, against hand labels", "",
         "Command: `.venv/bin/python bench/conflicts_eval.py` (a fresh `--db`; ingest included).", "",
-        f"Flags of the `contract_review` compare items (evidence-only), of the evidence-only summaries' "
-        f"conflict block and of the rules over every sentence of each contract, on {len(contracts)} contracts ({len(TUNE_CONTRACTS)} tune, {len(HELD_OUT_CONTRACTS)} held out), "
-        f"each looked up in `bench/data/conflict_labels.tsv` ({len(labels)} labelled flags). "
-        f"Precision = flags labelled true / all distinct flags (an unlabelled flag counts as wrong). "
-        f"Run time {elapsed:.0f} s.", "",
-        "| part | distinct flags | true | false | unlabelled | precision |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"Flags of the `contract_review` compare items (evidence-only), of the evidence-only summaries' conflict "
+        f"block and of the rules over every sentence of each contract, on {len(contracts)} contracts "
+        f"({len(TUNE_CONTRACTS)} tune, {len(HELD_OUT_CONTRACTS)} held out), each looked up in "
+        f"`bench/data/conflict_labels.tsv` ({len(labels)} labelled flags). Precision = flags labelled true / all "
+        f"distinct flags (an unlabelled flag counts as wrong). Run time {elapsed:.0f} s.", "",
+        "| part | source | distinct flags | true | false | unlabelled | precision |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for p, s in scores.items():
-        lines.append(f"| {p} | {s['flags']} | {s['true']} | {s['false']} | {s['unlabelled']} | **{pct(s)}** |")
-    lines += ["", "| contract | part | flag | rule | sides | label | reason |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, pick in (("all", lambda f: True), ("review", lambda f: f.source.startswith("review:")),
+                       ("summary", lambda f: f.source == "summary"), ("document", lambda f: f.source == "document")):
+        for p, s in score([f for f in flags if pick(f)], labels).items():
+            bold = "**" if name == "all" else ""
+            lines.append(f"| {p} | {name} | {s['flags']} | {s['true']} | {s['false']} | {s['unlabelled']} | "
+                         f"{bold}{pct(s)}{bold} |")
+    lines += ["", "## Flags raised now", "",
+              "| contract | part | raised by | rule | sides | label | reason |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for k in sorted(dict.fromkeys(f.key() for f in flags)):
         f, lab = first[k], labels.get(k)
         where = ", ".join(sorted(set(s.split(":", 1)[-1] for s in sources[k])))
         short = f.doc.removeprefix("contract_")[:28]
         lines.append(f"| {short} | {part(f.doc)} | {where} | `{f.rule}` | {f.a} / {f.b} | "
                      f"{lab['label'] if lab else '**unlabelled**'} | {lab['reason'] if lab else ''} |")
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    gone = [r for k, r in labels.items() if k not in first]
+    counts = defaultdict(lambda: [0, 0])
+    for r in gone:
+        counts[(part(r["doc"]), r["rule"])][r["label"] == "false"] += 1
+    lines += ["", "## Labelled flags no longer raised", "",
+              f"{len(gone)} labelled flags (raised by earlier versions of the rules) are not raised now; "
+              "their rows and reasons are in the labels file.", "",
+              "| part | rule | true | false |", "| --- | --- | ---: | ---: |"]
+    for (p, rule), (t, fl) in sorted(counts.items()):
+        lines.append(f"| {p} | `{rule}` | {t} | {fl} |")
+    out = Path(args.out)
+    notes = out.read_text().split("\n## Notes", 1) if out.exists() else []
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if len(notes) == 2:  # the hand-written notes stay
+        text += "\n## Notes" + notes[1]
+    out.write_text(text)
 
 
 if __name__ == "__main__":
