@@ -345,7 +345,7 @@ class Fact:
     text: str  # as written
 
 
-_GOV_LAW = re.compile(
+GOVERNING_LAW = re.compile(
     r"(?i:\b(?:govern\w*|constru\w*|interpret\w*|enforced)\b)[^.;]{0,150}?(?i:\blaws?\s+of\s+)"
     r"(?:the\s+)?(?:(?i:state|commonwealth|province|republic|kingdom)\s+of\s+)?"
     r"(?P<place>[A-Z][\w.'-]*(?:\s+(?:and\s+|of\s+)?[A-Z][\w.'-]*){0,3})"
@@ -353,7 +353,7 @@ _GOV_LAW = re.compile(
 
 
 def _governing_law(text: str) -> list[str]:
-    return list(dict.fromkeys(" ".join(m["place"].rstrip(".").split()) for m in _GOV_LAW.finditer(text)))
+    return list(dict.fromkeys(" ".join(m["place"].rstrip(".").split()) for m in GOVERNING_LAW.finditer(text)))
 
 
 _MONEY = re.compile(

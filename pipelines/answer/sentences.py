@@ -1,8 +1,9 @@
 """A document's sentences as the conflict rules and the summarizer read them.
 
 A sentence is read from the body lines only (page headers and footers are skipped) and runs
-across line breaks and, in a PDF or text file, across page breaks: "…obligations under this" at
-the foot of one page and "Agreement." at the top of the next are one sentence. It keeps its
+across line breaks and, in a PDF or text file, across a page break where the page ends
+mid-sentence (in a lower-case word or a comma, or the next begins in lower case): "…obligations
+under this" at the foot of one page and "Agreement." at the top of the next are one sentence. It keeps its
 `parts`, one char span per page, so that it can be cited whole: one citation per page, each
 quoting what lies on that page's lines.
 
@@ -70,26 +71,56 @@ class _Flow:
         return Sentence(parts[0][0], parts[-1][1], " ".join(self.text[a:b].split()), tuple(map(tuple, parts)))
 
 
+# A page that ends mid-sentence ends in a lower-case word or a comma ("…obligations under this"),
+# or in a word at the end of a full line ("…of any Governmental"); one that ends in a number or
+# a short line (a heading, "Confidential Information 24") does not.
+_RUNS_ON = re.compile(r"(?:(?<![\w'-])(?![ivxlc]+\s*$)[a-z][\w'’-]+|,)\s*$")  # not a page number "iv"
+_PAGE_NUMBER = re.compile(r"^\s*(?:page\s+)?[-–]?\s*(?:\d{1,4}|[ivxlc]{1,6})\s*[-–]?\s*(?:of\s+\d{1,4})?\s*$", re.I)
+_ENDS_IN_WORD = re.compile(r"[A-Za-z][\w'’-]*\s*$")
+
+
+def _runs_on(body: list, nxt: list) -> bool:
+    last = body[-1].text
+    if _RUNS_ON.search(last) or nxt[0].text[:1].islower():
+        return True
+    widths = sorted(len(ln.text) for ln in body)
+    return bool(_ENDS_IN_WORD.search(last)) and len(last) >= 0.8 * widths[len(widths) // 2]
+
+
 def _flow(doc: Document, first: int, last: int) -> _Flow:
     pieces: list[str] = []
     lines: list[tuple[int, int, int, int]] = []
     pos = 0
+    before: list = []  # the body lines of the last page with any
     for p in doc.pages[first - 1 : last]:
-        if doc.type == "html" and pieces:
-            pieces.append("")  # a blank line between HTML sections: a sentence never crosses one
+        body = [ln for ln in p.lines if ln.role == "body"]
+        # A page number the footer detection missed (too few pages, or one page only).
+        while body and _PAGE_NUMBER.match(body[-1].text):
+            body.pop()
+        while body and _PAGE_NUMBER.match(body[0].text):
+            body.pop(0)
+        if not body:
+            continue
+        if before and (doc.type == "html" or not _runs_on(before, body)):
+            pieces.append("")  # a blank line: the sentence before the page break ends there
             pos += 1
-        for ln in p.lines:
-            if ln.role != "body":
-                continue
+        before = body
+        for ln in body:
             lines.append((pos, ln.start, len(ln.text), p.n))
             pieces.append(ln.text)
             pos += len(ln.text) + 1
     return _Flow("\n".join(pieces), tuple(lines))
 
 
+# "F. Hoffmann-La Roche", "U.S. Patent No. 5": an initial or an abbreviation ends no sentence.
+_ABBREVIATION = re.compile(r"(?:(?<![\w.])[A-Z]|\b(?:No|Nos|Inc|Ltd|Corp|Co|Sec|Art|Mr|Mrs|Ms|Dr|St|Jr|vs|etc|cf))\.$")
+
+
 def _bounds(text: str) -> list[int]:
     bounds = [0]
     for m in _SENTENCE_END.finditer(text):
+        if _ABBREVIATION.search(text[max(0, m.start() - 8) : m.start()]):
+            continue
         piece = text[bounds[-1] : m.start() + 1].strip()
         # "1." and "3.2 Termination for Convenience." are headings, not sentences: they stay
         # with the sentence that follows (a paragraph break always ends one).

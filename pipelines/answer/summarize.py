@@ -42,7 +42,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
-from .conflicts import Finding, detect_conflicts, detect_cross_conflicts
+from .conflicts import GOVERNING_LAW, Finding, detect_conflicts, detect_cross_conflicts, periods
 from .mapreduce import paper_header
 from ..document import Chunk, Document
 from .query import content_words, stem
@@ -126,7 +126,7 @@ class Block(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["outline", "paper", "conclusions", "obligations", "terms", "topic", "conflicts"]
+    kind: Literal["outline", "paper", "clauses", "conclusions", "obligations", "terms", "topic", "conflicts"]
     title: str
     doc_id: str | None = None  # None: spans the documents
     sentences: list[Sentence] = Field(default_factory=list)
@@ -347,6 +347,10 @@ _SUBJECT = re.compile(r"((?:[Ee]ach|[Ee]ither|[Bb]oth|[Nn]either|[Tt]he)\s+[Pp]a
                       r"are entitled|has the right|hereby)\b")
 
 
+_ORG_SUFFIX = re.compile(r",?\s+(?:Inc|Incorporated|Corporation|Corp|Co|Company|Ltd|Limited|LLC|L\.L\.C|LLP|L\.P|plc|PLC|GmbH|AG|"
+                         r"S\.A|N\.V|B\.V)\.?$", re.I)
+
+
 def parties(doc: Document) -> dict[str, str]:
     """Who can owe something in this document: normalised name -> name as shown. The short
     names and roles defined near the start (ORG anchors, defined terms such as "Licensee")."""
@@ -357,6 +361,9 @@ def parties(doc: Document) -> dict[str, str]:
             continue
         if a.type == "ENTITY" and a.subtype == "ORG" and len(a.text) <= 40:
             out.setdefault(normalize(a.text), a.text)
+            short = _ORG_SUFFIX.sub("", a.text).strip(" ,")
+            if short and short != a.text:  # "MediWound Ltd." is "MediWound" in its clauses
+                out.setdefault(normalize(short), short)
         elif a.type == "DEFINITION":
             term = normalize(a.value)
             if term in _ROLE_WORDS or any(normalize(o.text) == term for o in doc.anchors
@@ -782,14 +789,113 @@ def _sentence(s: Statement) -> Sentence:
     return Sentence(text=s.text, citations=s.citations)
 
 
-def _is_contract(doc: Document, stmts: Sequence[Statement]) -> bool:
-    """Parties that owe something: an obligation whose subject is a party the document names."""
-    return not paper_header(doc) and any(s.kind == "obligation" and s.party for s in stmts)
+def _is_contract(doc: Document, stmts: Sequence[Statement], clauses_block: Block | None) -> bool:
+    """Parties that owe something (an obligation whose subject is a party the document names),
+    or a preamble that names the parties."""
+    return not paper_header(doc) and (any(s.kind == "obligation" and s.party for s in stmts) or (
+        clauses_block is not None and clauses_block.sentences[0].text.startswith(KEY_CLAUSES[0].name)))
 
 
-def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec) -> list[Block]:
+# The clauses a reader of a contract looks for first (issue 28): the summary shows the best
+# sentence of each that the document has, whatever the topics chose. Per clause: a strong
+# pattern, a weaker one (None: none), the section titles it is found under.
+_PAY_FIGURE = r"(?:[$€£¥]\s?\d|\b\d[\d,.]*\s?(?:%|percent|dollars)|\[\s?\*+\s?\])"
+
+
+@dataclass(frozen=True)
+class KeyClause:
+    name: str
+    strong: re.Pattern
+    weak: re.Pattern | None
+    section: re.Pattern  # a section title it lies under
+
+
+KEY_CLAUSES = (
+    KeyClause("Parties", re.compile(r"\b(?:made|entered\s+into|dated|executed)\b[^.]{0,250}?\b(?:by\s+and\s+)?(?:between|among)\b|"
+                                    r"\bby\s+and\s+(?:between|among)\b|\bis\s+entered\s+into\s+by\b", re.I),
+              None, re.compile(r"(?!)")),
+    KeyClause("Term", re.compile(r"(?!)"),  # strong: a period whose role is the term (conflicts.periods)
+              re.compile(r"\b(?:This|The)\s+(?:(?:[Ii]nitial\s+)?[Tt]erm\s+of\s+this\s+Agreement|Agreement)\s+(?:shall|will)\s+"
+                         r"(?:\w+\s+){0,3}?(?:commence|continue|remain\s+in\s+(?:full\s+)?(?:force|effect)|expire|begin|start)|"
+                         r"\b(?:This|The)\s+(?:[Ii]nitial\s+)?[Tt]erm\s+of\s+this\s+Agreement\s+(?:is|shall\s+be|will\s+be)\b"),
+              re.compile(r"\bterm\b(?!s)|\bduration\b", re.I)),
+    KeyClause("Termination", re.compile(r"\b(?:may|shall\s+have\s+the\s+right\s+to|is\s+entitled\s+to)\s+(?:\w+\s+){0,2}?"
+                                        r"terminate\s+this\s+agreement\b", re.I),
+              re.compile(r"(?<!survive\s)\bterminat\w*\s+(?:of\s+)?this\s+agreement\b", re.I), re.compile(r"terminat", re.I)),
+    KeyClause("Governing law", GOVERNING_LAW, re.compile(r"\bgoverning\s+law\b", re.I),
+              re.compile(r"governing\s+law|applicable\s+law|choice\s+of\s+law", re.I)),
+    KeyClause("Payment", re.compile(rf"\b(?:shall|will|agrees?\s+to)\s+(?:\w+\s+){{0,2}}?pay\b[^.]{{0,200}}?{_PAY_FIGURE}", re.I),
+              re.compile(rf"\b(?:royalt\w*|fees?|payments?|purchase\s+price)\b[^.]{{0,120}}?{_PAY_FIGURE}", re.I),
+              re.compile(r"payment|\bfees?\b|royalt|compensation|price|consideration", re.I)),
+    KeyClause("Liability", re.compile(r"\b(?:in\s+no\s+event|under\s+no\s+circumstances)\b[^.]{0,200}?\bliab|"
+                                      r"\bliabilit\w*\b[^.]{0,150}?\b(?:shall\s+not\s+exceed|(?:be\s+)?limited\s+to|in\s+excess\s+of)",
+                                      re.I),
+              re.compile(r"\bshall\s+(?:\w+\s+){0,3}?indemnify\b|\bshall\s+not\s+be\s+liable\b|\blimitation\s+of\s+liability\b", re.I),
+              re.compile(r"liabilit|indemnif", re.I)),
+)
+_PARTIES_PAGES = 5  # the parties are named on the first pages
+
+
+def _under(doc: Document, offset: int, title: re.Pattern) -> bool:
+    """The sentence at `offset` lies in a section (or a section within one) whose title matches."""
+    by_id = {s.id: s for s in doc.sections}
+    sec = section_of(doc, offset)
+    while sec is not None:
+        if title.search(sec.title or ""):
+            return True
+        sec = by_id.get(sec.parent_id) if sec.parent_id else None
+    return False
+
+
+def key_clauses(doc: Document, stmts: Sequence[Statement] = ()) -> Block | None:
+    """The best sentence for each of `KEY_CLAUSES` the document has, cited whole. The parties:
+    the first sentence naming them. The rest: a strong match before a weak one, one under a
+    section titled for it first, then a short sentence before a long one, then the first.
+    Where a statement of the map step rests on that sentence, the statement is shown (a model
+    that writes freely keeps its words)."""
+    headings = _heading_lines(doc)
+    sents = sentences(doc, [(0, len(doc.text))])
+    out: list[Sentence] = []
+    for kc in KEY_CLAUSES:
+        best, best_rank = None, None
+        for s in sents:
+            if kc.name == "Parties" and doc.locate(s.start).page > _PARTIES_PAGES:
+                break
+            is_term = kc.name == "Term" and any(p.role == "term" and p.subject == "agreement" for p in periods(s.text))
+            if not (is_term or kc.strong.search(s.text) or (kc.weak and kc.weak.search(s.text))):
+                continue
+            for c in clauses(doc, s, MAX_UNIT_CHARS):
+                strong = kc.strong.search(c.text) or (is_term and any(p.role == "term" for p in periods(c.text)))
+                strength = 2 if strong else 1 if kc.weak and kc.weak.search(c.text) else 0
+                u = _unit(doc, c.parts, headings, None) if strength else None
+                if u is None or _MEANS.search(u.text) or "has the meaning" in u.text:
+                    continue
+                if kc.name != "Parties" and _BOILER.search(u.text):  # a preamble may name the signature page
+                    continue
+                if kc.name == "Termination" and re.search(r"\bsurviv", u.text, re.I):
+                    continue  # "…shall survive any termination of this Agreement" is no right to terminate
+                if kc.name == "Parties":
+                    rank = (strength, -u.start)
+                else:
+                    rank = (strength, _under(doc, u.start, kc.section), -((len(u.text) - 1) // MAX_UNIT_CHARS), -u.start)
+                if best_rank is None or rank > best_rank:
+                    best, best_rank = u, rank
+        if best is not None:
+            said = next((st for st in stmts if any(c.span.char_start is not None and c.span.char_start < best.end
+                                                   and best.start < c.span.char_end for c in st.citations)), None)
+            out.append(Sentence(text=f"{kc.name}: {said.text}", citations=said.citations) if said else
+                       Sentence(text=f"{kc.name}: {best.text}", citations=cite_unit(doc, best)))
+    if not out:
+        return None
+    return Block(kind="clauses", title=f"Key clauses ({doc.title or doc.path.rsplit('/', 1)[-1]})", doc_id=doc.doc_id,
+                 sentences=out)
+
+
+def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec, *, contract: bool,
+                    clauses_block: Block | None = None) -> list[Block]:
     """What is said of one document before the topics: its outline; for a paper its header
-    and core conclusions; for a contract each party's obligations and the key terms."""
+    and core conclusions; for a contract its key clauses, each party's obligations and the
+    key terms (`stmts`: the statements not shown elsewhere in the summary)."""
     name = doc.title or doc.path.rsplit("/", 1)[-1]
     blocks: list[Block] = []
     header = paper_header(doc)
@@ -804,7 +910,9 @@ def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec)
         concl = [s for s in stmts if s.kind == "conclusion"] or [s for s in stmts if s.kind == "fact"]
         blocks.append(Block(kind="conclusions", title=f"Core conclusions of {name}", doc_id=doc.doc_id,
                             sentences=[_sentence(s) for s in concl[: spec.per_party]]))
-    elif _is_contract(doc, stmts):
+    elif contract:
+        if clauses_block is not None:
+            blocks.append(clauses_block)
         by_party: dict[str, list[Statement]] = {}
         for s in stmts:
             if s.kind == "obligation" and s.party:
@@ -817,6 +925,29 @@ def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec)
             blocks.append(Block(kind="terms", title=f"Key terms ({name})", doc_id=doc.doc_id,
                                 sentences=[_sentence(s) for s in spaced(terms, spec.key_terms)]))
     return blocks
+
+
+class _Shown:
+    """The char spans already cited by the summary, per document: a statement shows once."""
+
+    def __init__(self) -> None:
+        self.spans: dict[str, list[tuple[int, int]]] = {}
+
+    def seen(self, s: Sentence) -> bool:
+        return any(c.span.char_start is not None and any(a < c.span.char_end and c.span.char_start < b
+                                                         for a, b in self.spans.get(c.doc_id, ()))
+                   for c in s.citations)
+
+    def show(self, sents: Iterable[Sentence]) -> list[Sentence]:
+        """The sentences not seen before, now marked seen."""
+        out = []
+        for s in sents:
+            if not self.seen(s):
+                out.append(s)
+                for c in s.citations:
+                    if c.span.char_start is not None:
+                        self.spans.setdefault(c.doc_id, []).append((c.span.char_start, c.span.char_end))
+        return out
 
 
 def _section_name(doc: Document, offset: int) -> str:
@@ -890,15 +1021,28 @@ def merge(docs: Mapping[str, Document], stmts: Sequence[Statement], clusters: Se
     across documents when there are several), then the conflicts; citations re-verified."""
     spec = LENGTHS[length]
     names = {d: (doc.title or doc.path.rsplit("/", 1)[-1])[:40] for d, doc in docs.items()}
-    blocks: list[Block] = []
-    for doc_id, doc in docs.items():
-        blocks += document_blocks(doc, [s for s in stmts if s.doc_id == doc_id], spec)
+    # No statement twice: the key clauses are shown first, then the topics' choices, and each
+    # party's obligations and the key terms are drawn from what is left.
+    shown = _Shown()
+    clause_blocks = {d: None if paper_header(doc) else key_clauses(doc, [s for s in stmts if s.doc_id == d])
+                     for d, doc in docs.items()}
+    contract = {d: _is_contract(doc, [s for s in stmts if s.doc_id == d], clause_blocks[d]) for d, doc in docs.items()}
+    clause_blocks = {d: b if contract[d] else None for d, b in clause_blocks.items()}
+    for b in clause_blocks.values():
+        if b is not None:
+            shown.show(b.sentences)
+    topics: list[Block] = []
     repeated = Counter(cs.title for cs in clusters)
     for cs in clusters:
         title = cs.title
         if repeated[title] > 1:  # several topics in one section: say what sets each apart
             title += " — " + ", ".join(common_words((x.text for x in cs.sentences), 2))
-        blocks.append(Block(kind="topic", title=f"Topic: {title}", sentences=cs.sentences))
+        topics.append(Block(kind="topic", title=f"Topic: {title}", sentences=shown.show(cs.sentences)))
+    blocks: list[Block] = []
+    for doc_id, doc in docs.items():
+        rest = [s for s in stmts if s.doc_id == doc_id and not shown.seen(_sentence(s))]
+        blocks += document_blocks(doc, rest, spec, contract=contract[doc_id], clauses_block=clause_blocks[doc_id])
+    blocks += [b for b in topics if b.sentences]
     blocks += conflict_blocks(docs, stmts, names)
     summary = Summary(doc_ids=list(docs), length=length, focus=focus, blocks=blocks, rejected=rejected,
                       dropped=sum(c.dropped for c in clusters))
