@@ -89,12 +89,18 @@ _CLAUSE_END = re.compile(rf"[{SEMICOLON}]\s+")
 _AFTER_END = re.compile(
     r"^[\s,]*(?:after|following|beyond|from)\s+(?:the\s+)?(?:\(\d\)\s*)?(?:date\s+of\s+)?(?:any\s+|such\s+|its\s+)?"
     r"(?:termination|expiration|expiry|end\s+of\s+the\s+term)", re.I)
+# "during the Term and for a period of 12 months thereafter": after the term, not the term.
 _DURING_TERM = re.compile(r"\b(?:during|throughout)\s+the\s+(?:\w+\s+)?term\b[^.]{0,120}$", re.I)
+_THEREAFTER = re.compile(r"^\s*thereafter", re.I)
+_SURVIVE_FOR = re.compile(r"\b(?:for|until)\s+(?:a\s+period\s+of\s+)?$", re.I)
 _NOTICE_AFTER = re.compile(r"^['’]?s?\s*(?:prior\s+|advance\s+)?(?:written\s+)?notice\b", re.I)
-_NOTICE_BEFORE = re.compile(r"\bnotice\s+(?:period\s+)?(?:of|at\s+least)\s+(?:at\s+least\s+|not\s+less\s+than\s+)?$", re.I)
+_NOTICE_BEFORE = re.compile(r"\bnotice\s+(?:period\s+)?(?:of|at\s+least)\s+(?:at\s+least\s+|not\s+less\s+than\s+)?$",
+                            re.I)
 _BEFORE_END = re.compile(r"^[\s,]*(?:prior\s+to|before|in\s+advance\s+of)\b", re.I)
 _NOTICE_WORD = re.compile(r"\bnoti(?:ce|fy|fies|fication)\b", re.I)
 _RENEWAL_CONTEXT = re.compile(r"\brenew|\bextend|\bextension|\bnon-?renewal", re.I)
+_UNLESS = re.compile(r"\bunless\b", re.I)
+_DECLINES = re.compile(r"\bnot\s+to\b|non-?renewal|elect", re.I)
 _CURE = re.compile(
     r"\b(?:cure|remedy|remedied|cured)\w*\b[^.]{0,60}?\b(?:within|period\s+of|for|by)\s+"
     r"(?:up\s+to\s+)?(?:a(?:n\s+additional)?\s+period\s+of\s+)?(?:not\s+(?:less|more)\s+than\s+)?$", re.I)
@@ -109,13 +115,18 @@ _SUCCESSIVE = re.compile(r"\b(?:additional|successive|subsequent|consecutive|ren
                          r"(?:renewal\s+|successor\s+)?(?:terms?|periods?)\s+of\s+(?:up\s+to\s+)?$", re.I)
 # "term" as a word, not inside a defined name ("the term “Minimum Royalty”", "Post-Term Period").
 _TERM = re.compile(
-    r"(?<![-\w])(?<!maximum )(?<!minimum )term\b(?!\s*[\"“])(?![\w\s-]{0,20}[\"”])[^.]{0,60}?\b(?:of|for|be|is)\s+(?:a\s+period\s+of\s+)?$|"
-    r"\b(?:Agreement|Attachment|Supplement|term)s?\b[^.]{0,120}?\b(?:continue|remain\s+in\s+(?:full\s+)?(?:force\s+and\s+)?effect)\b"
-    r"[^.]{0,40}?\bfor\s+(?:a\s+(?:further\s+)?(?:period|term)\s+of\s+)?$", re.I)
+    r"(?<![-\w])(?<!maximum )(?<!minimum )term\b(?!\s*[\"“])(?![\w\s-]{0,20}[\"”])[^.]{0,60}?\b(?:of|for|be|is)\s+"
+    r"(?:a\s+period\s+of\s+)?$|"
+    r"\b(?:Agreement|Attachment|Supplement|term)s?\b[^.]{0,120}?\b(?:continue|remain\s+in\s+(?:full\s+)?"
+    r"(?:force\s+and\s+)?effect)\b[^.]{0,40}?\bfor\s+(?:a\s+(?:further\s+)?(?:period|term)\s+of\s+)?$", re.I)
 _TERM_WORD = re.compile(r"(?<![-\w])term\b|\bthis\s+agreement\b", re.I)
 _TERM_FROM = re.compile(r"^\s*(?:from|after|following)\s+(?:the\s+)?(?:Effective|Commencement|Execution)\s+Date|"
                         r"^\s*(?:from|after)\s+the\s+date\s+(?:hereof|of\s+this\s+Agreement)", re.I)
 _EXPIRE = re.compile(r"\b(?:expire|end|continue\s+until)\s+(?:on\s+the\s+date\s+(?:that\s+is\s+)?)?$", re.I)
+_PAY_WITHIN = re.compile(r"\b(?:pay\w*|invoice\w*|remit\w*)\b[^.]{0,80}?\bwithin\s+$", re.I)
+_AFTER_INVOICE = re.compile(
+    r"^\s*(?:after|of|following)\s+(?:the\s+)?(?:receipt|date)\s+of\s+(?:an?\s+|the\s+|such\s+)?invoice", re.I)
+_WARRANTY_FOR = re.compile(r"\bwarrant\w*\b[^.]{0,60}?\b(?:for|of)\s+(?:a\s+period\s+of\s+)?$", re.I)
 _SURVIVE = re.compile(r"\bsurviv\w*", re.I)
 _CONFIDENTIAL = re.compile(r"\bconfidential", re.I)
 _CONF_PERIOD = re.compile(r"\bconfiden\w*\b[^.]{0,120}?\bfor\s+(?:a\s+period\s+of\s+)?$", re.I)
@@ -123,20 +134,24 @@ _MIN = re.compile(r"\b(?:at\s+least|not\s+less\s+than|no\s+less\s+than|minimum\s
 _MAX = re.compile(r"\b(?:not\s+more\s+than|no\s+more\s+than|up\s+to|at\s+most|maximum\s+of|not\s+to\s+exceed|"
                   r"no\s+earlier\s+than|not\s+earlier\s+than)\s+$", re.I)
 # What a period belongs to: an agreement, or a part of it that has its own term.
+_DEFINES = re.compile(r"[\"“]([^\"”]{2,40})[\"”]\s*(?:shall\s+)?(?:means?|refers?\s+to|is\s+defined\s+as)\b")
 _DEFINED_PERIOD = re.compile(r"^[^.()]{0,60}?\((?:the\s+)?[\"“]([^\"”]{2,40}?(?:Term|Period))[\"”]\)")
 _TERM_OF = re.compile(r"\b(?i:term)\s+(?:(?:of|for)\s+(?:[Tt]his|[Tt]he)\s+(?P<name>(?:[A-Z][\w-]*\s+){0,3}[A-Z][\w-]*)|"
                       r"(?P<other>thereof|of\s+(?:each|such|any|the\s+applicable)\b))")
-_THING = re.compile(r"\b(?:[Tt]his|[Tt]he)\s+(Agreement|Attachment|Supplement|Schedule|Exhibit|Addendum|Amendment|Appendix|"
-                    r"Statement\s+of\s+Work|SOW|Work\s+Order|Order|Lease|Sublicense|Program|Project)\b")
+_THING = re.compile(r"\b(?:[Tt]his|[Tt]he)\s+(Agreement|Attachment|Supplement|Schedule|Exhibit|Addendum|Amendment|"
+                    r"Appendix|Statement\s+of\s+Work|SOW|Work\s+Order|Order|Lease|Sublicense|Program|Project)\b")
+_SPEAKS_OF_AGREEMENT = re.compile(r"\b(?:this|the)\s+Agreement\b|\bthe\s+(?:initial\s+)?Term\b")
 # What a notice ends: "notice of its intent to terminate this Agreement", "non-renewal of any policy".
 _ENDS_WHAT = re.compile(r"\b(?:terminat\w*|non-?renewal|renew\w*|extend\w*|cancel\w*|expir\w*)\s+(?:of\s+)?"
                         r"(?:[Tt]his|[Tt]he|any|such|your|its)\s+((?:[A-Z][\w-]*\s+)?[A-Z][\w-]*|[a-z][\w-]*)")
-_NOTICE_OF = re.compile(r"^['’]?s?\s*(?:prior\s+|advance\s+)?(?:written\s+)?notice\s+of\s+(?:its\s+|their\s+|your\s+|the\s+)?"
-                        r"(?:(?:intent(?:ion)?|election|choice|decision)\s+)?(?:(?P<neg>not)\s+)?(?:to\s+)?(?P<what>[\w-]+)", re.I)
+_NOTICE_OF = re.compile(r"^['’]?s?\s*(?:prior\s+|advance\s+)?(?:written\s+)?notice\s+of\s+(?:its\s+|their\s+|your\s+|"
+                        r"the\s+)?(?:(?:intent(?:ion)?|election|choice|decision)\s+)?(?:(?P<neg>not)\s+)?(?:to\s+)?"
+                        r"(?P<what>[\w-]+)", re.I)
 _CONVENIENCE = re.compile(
     r"(?P<who>\b[Ee](?:ither|ach)\s+[Pp]arty|\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*){0,2})\s+"
-    r"(?:(?:shall|will)\s+(?:also\s+)?have\s+the\s+right\s+to|may(?:\s+also)?|can|is\s+entitled\s+to|has\s+the\s+right\s+to)\s+"
-    r"(?:\w+\s+){0,2}?terminate\b[^.]{0,160}?\b(?:for\s+convenience|without\s+cause|for\s+any\s+reason|at\s+any\s+time)\b|"
+    r"(?:(?:shall|will)\s+(?:also\s+)?have\s+the\s+right\s+to|may(?:\s+also)?|can|is\s+entitled\s+to|"
+    r"has\s+the\s+right\s+to)\s+(?:\w+\s+){0,2}?terminate\b[^.]{0,160}?\b(?:for\s+convenience|without\s+cause|"
+    r"for\s+any\s+reason|at\s+any\s+time)\b|"
     r"(?P<who2>\b[Ee](?:ither|ach)\s+[Pp]arty|\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*){0,2})\s+"
     r"(?:may|shall\s+have\s+the\s+right\s+to)\s+(?:\w+\s+){0,3}?(?:for\s+convenience|without\s+cause)\b[^.]{0,60}?\bterminat",
 )
@@ -173,8 +188,6 @@ def _party(who: str | None) -> str | None:
     return words[-1]  # by its last word: a heading before it ("Exhibit C. Licensee") is not its name
 
 
-_DEFINES = re.compile(r"[\"“]([^\"”]{2,40})[\"”]\s*(?:shall\s+)?(?:means?|refers?\s+to|is\s+defined\s+as)\b")
-
 
 def _subject(clause: str, start: int, end: int, role: str | None) -> str:
     after = clause[end:]
@@ -196,7 +209,7 @@ def _subject(clause: str, start: int, end: int, role: str | None) -> str:
     if m:
         return _thing(m.group(1))
     # A period of no named thing is this agreement's only where the clause speaks of it.
-    return "agreement" if re.search(r"\b(?:this|the)\s+Agreement\b|\bthe\s+(?:initial\s+)?Term\b", clause) else ""
+    return "agreement" if _SPEAKS_OF_AGREEMENT.search(clause) else ""
 
 
 def _thing(name: str) -> str:
@@ -208,9 +221,9 @@ def _thing(name: str) -> str:
 def _role(clause: str, start: int, end: int) -> str | None:
     before, after = clause[:start], clause[end:]
     tail = before[-160:]
-    if _AFTER_END.match(after) or (_DURING_TERM.search(tail) and re.match(r"^\s*thereafter", after, re.I)):
+    if _AFTER_END.match(after) or (_DURING_TERM.search(tail) and _THEREAFTER.match(after)):
         return "survival" if _SURVIVE.search(clause) else "after the term"
-    if _SURVIVE.search(tail[-90:]) and re.search(r"\b(?:for|until)\s+(?:a\s+period\s+of\s+)?$", tail, re.I):
+    if _SURVIVE.search(tail[-90:]) and _SURVIVE_FOR.search(tail):
         return "survival"
     notice = (_NOTICE_AFTER.match(after) or _NOTICE_BEFORE.search(tail)
               or (_BEFORE_END.match(after) and _NOTICE_WORD.search(clause)))
@@ -229,8 +242,7 @@ def _role(clause: str, start: int, end: int) -> str | None:
         # "renewed for periods of one year unless either party gives notice of its intent to
         # terminate": a notice that stops the renewal.
         if _RENEWAL_CONTEXT.search(clause) and (
-                re.search(r"\bunless\b", clause, re.I)
-                or (of is None and (re.search(r"\bnot\s+to\b|non-?renewal|elect", clause, re.I) or _BEFORE_END.match(after)))):
+                _UNLESS.search(clause) or (of is None and (_DECLINES.search(clause) or _BEFORE_END.match(after)))):
             return "non-renewal notice"
         return "termination notice" if re.search(r"terminat", clause, re.I) else "notice period"
     if _CURE.search(tail) or _CURE_AFTER.match(after):
@@ -241,11 +253,9 @@ def _role(clause: str, start: int, end: int) -> str | None:
         return "confidentiality period"
     if (_TERM.search(tail) and _TERM_WORD.search(clause)) or (_TERM_FROM.match(after) and _EXPIRE.search(tail)):
         return "term"
-    if re.search(r"\b(?:pay\w*|invoice\w*|remit\w*)\b[^.]{0,80}?\bwithin\s+$", tail, re.I) or \
-            re.match(r"^\s*(?:after|of|following)\s+(?:the\s+)?(?:receipt|date)\s+of\s+(?:an?\s+|the\s+|such\s+)?invoice",
-                     after, re.I):
+    if _PAY_WITHIN.search(tail) or _AFTER_INVOICE.match(after):
         return "payment period"
-    if re.search(r"\bwarrant\w*\b[^.]{0,60}?\b(?:for|of)\s+(?:a\s+period\s+of\s+)?$", tail, re.I):
+    if _WARRANTY_FOR.search(tail):
         return "warranty period"
     return None
 

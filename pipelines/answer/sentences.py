@@ -79,19 +79,16 @@ _PAGE_NUMBER = re.compile(r"^\s*(?:page\s+)?[-–]?\s*(?:\d{1,4}|[ivxlc]{1,6})\s
 _ENDS_IN_WORD = re.compile(r"[A-Za-z][\w'’-]*\s*$")
 
 
-def _runs_on(body: list, nxt: list) -> bool:
-    last = body[-1].text
-    if _RUNS_ON.search(last) or nxt[0].text[:1].islower():
+def _runs_on(last: str, nxt: str, width: int) -> bool:
+    """Whether the sentence at the foot of a page (its last line `last`) goes on at the top of
+    the next (`nxt`); `width` is a typical line's length in these pages."""
+    if _RUNS_ON.search(last) or nxt[:1].islower():
         return True
-    widths = sorted(len(ln.text) for ln in body)
-    return bool(_ENDS_IN_WORD.search(last)) and len(last) >= 0.8 * widths[len(widths) // 2]
+    return bool(_ENDS_IN_WORD.search(last)) and len(last) >= 0.8 * width
 
 
 def _flow(doc: Document, first: int, last: int) -> _Flow:
-    pieces: list[str] = []
-    lines: list[tuple[int, int, int, int]] = []
-    pos = 0
-    before: list = []  # the body lines of the last page with any
+    pages = []
     for p in doc.pages[first - 1 : last]:
         body = [ln for ln in p.lines if ln.role == "body"]
         # A page number the footer detection missed (too few pages, or one page only).
@@ -99,12 +96,19 @@ def _flow(doc: Document, first: int, last: int) -> _Flow:
             body.pop()
         while body and _PAGE_NUMBER.match(body[0].text):
             body.pop(0)
-        if not body:
-            continue
-        if before and (doc.type == "html" or not _runs_on(before, body)):
+        if body:
+            pages.append((p, body))
+    # A typical line of the document (not of these pages: a sentence's bounds must not depend
+    # on which pages were read around it).
+    widths = sorted(len(ln.text) for q in doc.pages for ln in q.lines if ln.role == "body")
+    width = widths[len(widths) // 2] if widths else 0
+    pieces: list[str] = []
+    lines: list[tuple[int, int, int, int]] = []
+    pos = 0
+    for k, (p, body) in enumerate(pages):
+        if k and (doc.type == "html" or not _runs_on(pages[k - 1][1][-1].text, body[0].text, width)):
             pieces.append("")  # a blank line: the sentence before the page break ends there
             pos += 1
-        before = body
         for ln in body:
             lines.append((pos, ln.start, len(ln.text), p.n))
             pieces.append(ln.text)

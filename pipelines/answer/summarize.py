@@ -283,6 +283,9 @@ def _trim(doc: Document, a: int, b: int, headings: Mapping[int, int]) -> tuple[i
         return a, b
 
 
+_CAPITAL_WORDS = re.compile(r"\b[A-Z]{2,}\b")
+
+
 def _lower_words(text: str) -> int:
     return len(re.findall(r"\b[a-z]{2,}\b", text))
 
@@ -295,7 +298,9 @@ def _unit(doc: Document, parts: Sequence[tuple[int, int]], headings: Mapping[int
     if not parts:
         return None
     text = " ".join(w for a, b in parts for w in doc.text[a:b].split())
-    if not MIN_UNIT_CHARS <= len(text) <= LONGEST_UNIT_CHARS or _lower_words(text) < 4 or not _body_start(doc, parts[0][0]):
+    if not MIN_UNIT_CHARS <= len(text) <= LONGEST_UNIT_CHARS or not _body_start(doc, parts[0][0]):
+        return None
+    if _lower_words(text) < 4 and len(_CAPITAL_WORDS.findall(text)) < 8:  # a heading; not a clause set in capitals
         return None
     return Unit(parts[0][0], parts[-1][1], text, score_sentence(text, fw), tuple(parts))
 
@@ -812,7 +817,8 @@ class KeyClause:
 
 KEY_CLAUSES = (
     KeyClause("Parties", re.compile(r"\b(?:made|entered\s+into|dated|executed)\b[^.]{0,250}?\b(?:by\s+and\s+)?(?:between|among)\b|"
-                                    r"\bby\s+and\s+(?:between|among)\b|\bis\s+entered\s+into\s+by\b", re.I),
+                                    r"\bby\s+and\s+(?:between|among)\b|\bis\s+entered\s+into\s+by\b|"
+                                    r"\bAGREEMENT\s+(?:by\s+and\s+)?(?:between|among)\b", re.I),
               None, re.compile(r"(?!)")),
     KeyClause("Term", re.compile(r"(?!)"),  # strong: a period whose role is the term (conflicts.periods)
               re.compile(r"\b(?:This|The)\s+(?:(?:[Ii]nitial\s+)?[Tt]erm\s+of\s+this\s+Agreement|Agreement)\s+(?:shall|will)\s+"
@@ -822,7 +828,8 @@ KEY_CLAUSES = (
     KeyClause("Termination", re.compile(r"\b(?:may|shall\s+have\s+the\s+right\s+to|is\s+entitled\s+to)\s+(?:\w+\s+){0,2}?"
                                         r"terminate\s+this\s+agreement\b", re.I),
               re.compile(r"(?<!survive\s)\bterminat\w*\s+(?:of\s+)?this\s+agreement\b", re.I), re.compile(r"terminat", re.I)),
-    KeyClause("Governing law", GOVERNING_LAW, re.compile(r"\bgoverning\s+law\b", re.I),
+    KeyClause("Governing law", GOVERNING_LAW,
+              re.compile(r"\bgoverning\s+law\b|\blaws?\s+of\b[^.]{0,120}?\bshall\s+govern\b", re.I),
               re.compile(r"governing\s+law|applicable\s+law|choice\s+of\s+law", re.I)),
     KeyClause("Payment", re.compile(rf"\b(?:shall|will|agrees?\s+to)\s+(?:\w+\s+){{0,2}}?pay\b[^.]{{0,200}}?{_PAY_FIGURE}", re.I),
               re.compile(rf"\b(?:royalt\w*|fees?|payments?|purchase\s+price)\b[^.]{{0,120}}?{_PAY_FIGURE}", re.I),
