@@ -8,8 +8,9 @@ under this" at the foot of one page and "Agreement." at the top of the next are 
 quoting what lies on that page's lines.
 
 A sentence ends at `.`, `;` (also U+037E, the Greek question mark that EDGAR filings set for
-a semicolon), `!` or `?` before a capital, a digit, an opening quote or an enumeration such as
-"(b) " — and at a blank line. A short heading that ends with a period ("3.2 Termination for
+a semicolon), `!` or `?` before a capital, a digit, an opening quote or bracket ("[Signature
+page follows]") or an enumeration such as "(b) " — and at a blank line; not after an initial
+or an abbreviation ("F. Hoffmann", "No. 5"). A short heading that ends with a period ("3.2 Termination for
 Convenience.") stays with the sentence it introduces. HTML sections never share a sentence.
 """
 
@@ -27,7 +28,7 @@ _HEADING = re.compile(
     r"^(?:[\dIVXA-Z]+(?:\.\d+)*\.?\s+)?(?:[A-Z][\w'-]*(?:\s+(?:of|for|and|the|to|in|on|or))*\s+){0,6}[A-Z][\w'-]*\.$"
 )
 _SENTENCE_END = re.compile(
-    rf"(?<=[.{SEMICOLON}!?])[\"”')\]]*\s+(?=[\"“(]?[A-Z0-9]|\([a-z]{{1,4}}\)\s)|\n\s*\n"
+    rf"(?<=[.{SEMICOLON}!?])[\"”')\]]*\s+(?=[\"“(\[]?[A-Z0-9]|\([a-z]{{1,4}}\)\s)|\n\s*\n"
 )
 
 
