@@ -898,11 +898,22 @@ def key_clauses(doc: Document, stmts: Sequence[Statement] = ()) -> Block | None:
                  sentences=out)
 
 
-def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec, *, contract: bool,
-                    clauses_block: Block | None = None) -> list[Block]:
-    """What is said of one document before the topics: its outline; for a paper its header
-    and core conclusions; for a contract its key clauses, each party's obligations and the
-    key terms (`stmts`: the statements not shown elsewhere in the summary)."""
+def lead_block(doc: Document, stmts: Sequence[Statement], spec: LengthSpec) -> Block | None:
+    """What a reader of the document looks for first, shown before the topics: a paper's core
+    conclusions, a contract's key clauses; None for other documents."""
+    name = doc.title or doc.path.rsplit("/", 1)[-1]
+    if paper_header(doc):
+        concl = [s for s in stmts if s.kind == "conclusion"] or [s for s in stmts if s.kind == "fact"]
+        return Block(kind="conclusions", title=f"Core conclusions of {name}", doc_id=doc.doc_id,
+                     sentences=[_sentence(s) for s in concl[: spec.per_party]])
+    clauses_block = key_clauses(doc, stmts)
+    return clauses_block if _is_contract(doc, stmts, clauses_block) else None
+
+
+def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec, lead: Block | None) -> list[Block]:
+    """What is said of one document before the topics: a paper's header, the outline, the
+    `lead_block`, and for a contract each party's obligations and the key terms (`stmts`: the
+    statements not shown elsewhere in the summary)."""
     name = doc.title or doc.path.rsplit("/", 1)[-1]
     blocks: list[Block] = []
     header = paper_header(doc)
@@ -913,13 +924,9 @@ def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec,
                                        for a in doc.anchors if a.type == "PAPER" and a.subtype == "TITLE"][:1]
                             if cites else []))
     blocks.append(outline(doc, spec.outline))
-    if header:
-        concl = [s for s in stmts if s.kind == "conclusion"] or [s for s in stmts if s.kind == "fact"]
-        blocks.append(Block(kind="conclusions", title=f"Core conclusions of {name}", doc_id=doc.doc_id,
-                            sentences=[_sentence(s) for s in concl[: spec.per_party]]))
-    elif contract:
-        if clauses_block is not None:
-            blocks.append(clauses_block)
+    if lead is not None:
+        blocks.append(lead)
+    if lead is not None and lead.kind == "clauses":
         by_party: dict[str, list[Statement]] = {}
         for s in stmts:
             if s.kind == "obligation" and s.party:
@@ -1028,16 +1035,14 @@ def merge(docs: Mapping[str, Document], stmts: Sequence[Statement], clusters: Se
     across documents when there are several), then the conflicts; citations re-verified."""
     spec = LENGTHS[length]
     names = {d: (doc.title or doc.path.rsplit("/", 1)[-1])[:40] for d, doc in docs.items()}
-    # No statement twice: the key clauses are shown first, then the topics' choices, and each
-    # party's obligations and the key terms are drawn from what is left.
+    # No statement twice: each document's lead block (key clauses, core conclusions) is shown
+    # first, then the topics' choices, and each party's obligations and the key terms are
+    # drawn from what is left.
     shown = _Shown()
-    clause_blocks = {d: None if paper_header(doc) else key_clauses(doc, [s for s in stmts if s.doc_id == d])
-                     for d, doc in docs.items()}
-    contract = {d: _is_contract(doc, [s for s in stmts if s.doc_id == d], clause_blocks[d]) for d, doc in docs.items()}
-    clause_blocks = {d: b if contract[d] else None for d, b in clause_blocks.items()}
-    for b in clause_blocks.values():
+    leads = {d: lead_block(doc, [s for s in stmts if s.doc_id == d], spec) for d, doc in docs.items()}
+    for b in leads.values():
         if b is not None:
-            shown.show(b.sentences)
+            b.sentences = shown.show(b.sentences)
     topics: list[Block] = []
     repeated = Counter(cs.title for cs in clusters)
     for cs in clusters:
@@ -1048,7 +1053,7 @@ def merge(docs: Mapping[str, Document], stmts: Sequence[Statement], clusters: Se
     blocks: list[Block] = []
     for doc_id, doc in docs.items():
         rest = [s for s in stmts if s.doc_id == doc_id and not shown.seen(_sentence(s))]
-        blocks += document_blocks(doc, rest, spec, contract=contract[doc_id], clauses_block=clause_blocks[doc_id])
+        blocks += document_blocks(doc, rest, spec, leads[doc_id])
     blocks += [b for b in topics if b.sentences]
     blocks += conflict_blocks(docs, stmts, names)
     summary = Summary(doc_ids=list(docs), length=length, focus=focus, blocks=blocks, rejected=rejected,
