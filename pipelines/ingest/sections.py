@@ -712,11 +712,12 @@ def _mark_item_toc(cands: list[_Cand | None], page_of: list[int], toc: list[bool
         items = by_page.get(page, [])
         numbered = sum(1 for c in items if re.search(r"\d$", c.rest.strip()))
         parts = {_item_part(c.path) for c in items} | part_pages.get(page, set())
-        # Without page numbers a list of Items is a contents page only where its entries
-        # come again further on: a body page holds the short Items of PARTs III and IV
-        # ("Item 10 ... incorporated by reference") from three PARTs too.
+        # Three PART headings on one page only a contents page has. Without page numbers a
+        # list of Items is a contents page only where its entries come again further on: a
+        # body page holds the short Items of PARTs III and IV ("Item 10 ... incorporated by
+        # reference") from three PARTs too.
         again = sum(1 for c in items if later[c.key] > page)
-        if numbered >= 2 and len(items) >= 3 or (
+        if numbered >= 2 and len(items) >= 3 or len(part_pages.get(page, ())) >= 3 or (
                 (len(items) >= 8 or len(parts) >= 3) and again >= max(3, len(items) // 2)):
             for c in cands:
                 if c is not None and page_of[c.line] == page and c.kind in {"item", "part"}:
