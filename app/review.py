@@ -175,11 +175,17 @@ def _compare_runs(store: Store, task: dict, item: ChecklistItem) -> dict[str, Ru
     return runs
 
 
+def compare_findings(doc: Document, item: ChecklistItem, runs: dict[str, Run]) -> list[Finding]:
+    """The rules' conflict findings between the passages cited for a `compare` item's two items."""
+    a_id, b_id = item.compare
+    return detect_conflicts(doc, a_id, _side_spans(runs[a_id]), b_id, _side_spans(runs[b_id]))
+
+
 def _compare(runtime: Runtime, item: ChecklistItem, doc: Document, passages: list[Passage], runs: dict[str, Run],
              settings: AskSettings) -> tuple[Answer, str | None, int]:
     """The conflict findings between two answered items, as an answer: (answer, model, findings)."""
     a_id, b_id = item.compare
-    findings: list[Finding] = detect_conflicts(doc, a_id, _side_spans(runs[a_id]), b_id, _side_spans(runs[b_id]))
+    findings = compare_findings(doc, item, runs)
     lines = [f"{f.text} {f.a.label()} / {f.b.label()}" for f in findings]
     citations = [c for f in findings for c in (f.a, f.b)]
     evidence = runs[a_id].evidence[:2] + runs[b_id].evidence[:2]

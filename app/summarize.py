@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # `docqa --help` must not import the store (sqlite_utils)
     from .store import Store
 
 # Bump when the map prompt or the statement rules change: old extractions stop matching.
-MAP_VERSION = 4
+MAP_VERSION = 5  # 5: statements are whole sentences (pipelines/answer/sentences.py)
 # Bump when only the evidence-only pick changes (the model's extractions stay valid).
 EVIDENCE_VERSION = 2  # 2: one statement per section first
 Progress = Callable[[int, int, str], None]  # (segments done, segments in all, what was just read)

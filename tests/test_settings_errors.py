@@ -63,8 +63,10 @@ def _docqa_exceptions() -> list[type]:
 
 
 # Exceptions that never reach a user: the model server's per-request failures, answered as an
-# HTTP status (app/serve.py).
-INTERNAL = {"docqa.app.serve.RequestError", "docqa.app.serve.ClientGone"}
+# HTTP status (app/serve.py), and the batch runner's cancellation of a request whose client went
+# away (engine/batch.py, caught where the request is finished).
+INTERNAL = {"docqa.app.serve.RequestError", "docqa.app.serve.ClientGone", "docqa.app.serve.Busy",
+            "docqa.app.serve._TooLarge", "docqa.engine.batch._Cancelled"}
 
 
 def test_every_error_of_ours_is_a_docqa_error():
