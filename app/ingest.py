@@ -15,11 +15,12 @@ vectors existed) gets them on its first question (`service.Library.dense`).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest.chunks import SEGMENT_TOKENS
+from ..pipelines.ingest import SEGMENT_TOKENS
 from ..pipelines.ingest.source import Source, detect_type, doc_id_for, load
 from . import config
 
@@ -99,11 +100,12 @@ class PassageEncoder:
 def passage_encoder() -> PassageEncoder | None:
     """The passage encoder, or None where the MiniLM package is not installed (documents are
     then stored without vectors, and search is lexical)."""
+    from ..engine.config import CheckpointError
     from ..engine.models.bert_numpy import minilm_folder
 
     try:
         minilm_folder()
-    except FileNotFoundError:
+    except CheckpointError:
         return None
     return PassageEncoder()
 
@@ -137,3 +139,23 @@ def parse_source(source: Source) -> dict:
         return {"record": build_record(source)}
     except IngestError as e:
         return {"error": str(e)}
+
+
+def resolve_or_ingest(store: Store, refs: list[str], on_file: Callable[[Path], None] | None = None) -> list[str]:
+    """The doc ids of `ask`'s and `chat`'s documents: a reference the store does not know that
+    names a file on disk is ingested first (as `review` does with new files; `on_file(path)`
+    before each); any other resolves, or fails, as `Store.resolve` says."""
+    from .errors import DocumentNotFound
+
+    ids = []
+    for ref in refs:
+        try:
+            ids.append(store.resolve(ref))
+        except DocumentNotFound:
+            path = Path(ref).expanduser()
+            if not path.is_file():
+                raise
+            if on_file:
+                on_file(path)
+            ids.append(ingest_path(store, path)["doc_id"])
+    return ids

@@ -73,13 +73,14 @@ class Library:
         question encoder (numpy: no torch for an evidence-only question). A document stored
         without vectors, or with another encoder's, gets them now, once (the torch encoder;
         `on_progress("encoding passages", done, total)`). None without the MiniLM package."""
+        from ..engine.config import CheckpointError
         from ..engine.models.bert_numpy import load_question_encoder
         from ..pipelines.ingest.passages import vectors_name
 
         if self._question_encoder is None and not self._no_encoder:
             try:
                 self._question_encoder = load_question_encoder()
-            except FileNotFoundError:
+            except CheckpointError:  # the MiniLM package is not installed
                 self._no_encoder = True
         if self._question_encoder is None:
             return None
