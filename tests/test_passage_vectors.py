@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from docqa.app import migrations
 from docqa.app.cli import app
 from docqa.app.service import Library
 from docqa.app.store import Store
@@ -71,16 +72,18 @@ def test_vectors_that_do_not_fit_the_passages_are_refused(tmp_path):
             store.set_passage_vectors("sup", PassageVectors("hash/8", good.vectors.matrix[:1]))
 
 
-def test_a_document_stored_before_vectors_gets_them_on_its_first_question(tmp_path):
-    """A database made before migration m009 (the table dropped and its migration unrecorded,
-    as an older docqa left it) is migrated on opening; its document still answers, and its
-    first question makes the vectors the ingest would have made, once."""
+def test_a_document_stored_before_vectors_gets_them_on_its_first_question(tmp_path, monkeypatch):
+    """A database made before migration m009 (by a docqa whose migrations ended at m008) is
+    migrated on opening; its document still answers, and its first question makes the vectors
+    the ingest would have made, once."""
     doc = small_doc()
     path = tmp_path / "old.db"
-    with Store(path) as store:
-        store.add_record(make_record(doc))
-        store.db.execute("DROP TABLE passage_vectors")
-        store.db.execute("DELETE FROM _migrations WHERE name = 'm009_passage_vectors'")
+    with monkeypatch.context() as older:
+        before = migrations.MIGRATIONS[: migrations.MIGRATIONS.index(migrations.m009_passage_vectors)]
+        older.setattr(migrations, "MIGRATIONS", before)
+        with Store(path) as store:
+            store.add_record(make_record(doc))
+            assert "passage_vectors" not in store.db.table_names()
     with Store(path) as store:
         assert store.passage_vectors("sup") is None
         lib = Library(store)
