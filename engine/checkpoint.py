@@ -210,5 +210,5 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_w
     quantized, reason = keeps_quantized(mode, ckpt, dtype)
     model.load_weights(ckpt.tensors(quantized=quantized), dtype=dtype)
     model.eval()
-    model.decode_weights = summary(model, quantized, reason)
+    model.decode_weights = summary(model, reason)
     return model, ckpt

@@ -73,11 +73,9 @@ class QuantEmbedding(nn.Module):
         return dequantize(GGUFMatrix(rows, self.quant.qtype, self.quant.cols)).view(*ids.shape, -1)
 
 
-def summary(model, quantized: bool, reason: str) -> dict:
+def summary(model, reason: str) -> dict:
     """What the model's matrices are: {"mode": "gguf" | "fp32", "bytes": quantised bytes held
     (the mapped file's pages), "reason": why fp32 where it is}."""
-    if not quantized:
-        return {"mode": "fp32", "bytes": 0, "reason": reason}
     seen, total = set(), 0
     for mod in model.modules():
         for q in (getattr(mod, "quant", None), getattr(mod, "qkv", None), getattr(mod, "gate_up", None)):
@@ -86,4 +84,6 @@ def summary(model, quantized: bool, reason: str) -> dict:
                 if m.blocks.data_ptr() not in seen:
                     seen.add(m.blocks.data_ptr())
                     total += m.nbytes
+    if total == 0:
+        return {"mode": "fp32", "bytes": 0, "reason": reason or "no matrix in a block type the kernel reads"}
     return {"mode": "gguf", "bytes": total, "reason": ""}
