@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels.linear.gguf_cpu import GGUFMatrix, dequantize, gguf_mm, library, unavailable
+from ..kernels.linear.gguf_cpu import GGUFMatrix, GGUFProduct, dequantize, library, unavailable
 
 MODES = ("auto", "fp32")
 
@@ -51,9 +51,10 @@ class QuantLinear:
 
     def __init__(self, mats: list[GGUFMatrix], bias: torch.Tensor | None = None):
         self.mats, self.bias = tuple(mats), bias
+        self.product = GGUFProduct(mats)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = gguf_mm(x, self.mats)
+        y = self.product(x)
         return y if self.bias is None else y.add_(self.bias)
 
     @property

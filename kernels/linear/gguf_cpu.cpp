@@ -101,36 +101,38 @@ inline __m128i scales_k4(const uint8_t* s) {
                          static_cast<int>(sc_lo));
 }
 
+// 16-bit shift counts: the first 32 bytes of a register by a, the last 32 by b.
+inline __m512i counts(int a, int b) {
+    return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)), _mm256_set1_epi16(static_cast<short>(b)), 1);
+}
+
+inline __m512i bcast(const uint8_t* p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
 // Codes of unit q (0..3) of a super-block.
 template <int T>
 inline __m512i super_codes(const uint8_t* b, int q) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     if (T == Q6_K) {
         // ql[128], qh[64], scales[16] (int8, one per 16 weights), d. Half n holds 4 runs of 32:
         // runs 0/1 are the low nibbles of ql[64n..+63], runs 2/3 the high ones; run k takes bits
-        // 2k..2k+1 of qh[32n + l] as bits 4..5. Unit q = runs 2p, 2p + 1 of half n.
+        // 2k..2k+1 of qh[32n + l] as bits 4..5. Unit q = runs 2p, 2p + 1 of half n. Shifting qh
+        // in 16-bit lanes and keeping bits 4-5 of each byte moves run k's bits into place.
         const int n = q >> 1, p = q & 1;
         const __m512i ql = _mm512_loadu_si512(b + 64 * n);
-        const __m512i m4w = _mm512_set1_epi8(0x0F);
-        const __m512i low = p ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4w) : _mm512_and_si512(ql, m4w);
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * n));
-        const __m256i three = _mm256_set1_epi8(3);
-        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(4 * p)), three);
-        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(4 * p + 2)), three);
-        return _mm512_or_si512(low, _mm512_slli_epi16(join(h0, h1), 4));
+        const __m512i qh = bcast(b + 128 + 32 * n);
+        const __m512i low = _mm512_and_si512(p ? _mm512_srli_epi16(ql, 4) : ql, m4);
+        const __m512i high = p ? _mm512_srlv_epi16(qh, counts(0, 2)) : _mm512_sllv_epi16(qh, counts(4, 2));
+        return _mm512_or_si512(low, _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
     }
     // Q4_K: d, dmin, scales[12], qs[128]; Q5_K: d, dmin, scales[12], qh[32], qs[128]. Bytes
     // qs[32q..32q+31] hold sub-block 2q in their low nibbles and 2q + 1 in their high ones;
     // Q5_K adds bit 2q (2q + 1) of qh[l] as bit 4.
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (T == Q5_K ? 48 : 16) + 32 * q));
-    __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(bcast(b + (T == Q5_K ? 48 : 16) + 32 * q), counts(0, 4)), m4);
     if (T == Q5_K) {
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-        const __m256i one = _mm256_set1_epi8(1);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * q)), one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * q + 1)), one), 4));
+        const __m512i bit = _mm512_and_si512(_mm512_srlv_epi16(bcast(b + 16), counts(2 * q, 2 * q + 1)), _mm512_set1_epi8(1));
+        codes = _mm512_or_si512(codes, _mm512_slli_epi16(bit, 4));
     }
-    return join(lo, hi);
+    return codes;
 }
 
 // The integer sub-block scales of a super-block as 16 int32 lanes (Q4_K/Q5_K: the 8 scales, one
@@ -166,7 +168,7 @@ struct Act {
     // per 256 (super-blocks)
     int8_t* q256 = nullptr;
     float* d256 = nullptr;     // [M, K / 256]
-    int32_t* sums16 = nullptr;  // [M, K / 256, 16] sums of the int8 values per 16 (for Q6_K)
+    int32_t* neg16 = nullptr;   // [M, K / 256, 16] minus the sums of the int8 values per 16 (Q6_K)
     int32_t* sums32 = nullptr;  // [M, K / 256, 16] the same per 32 in lanes 8-15, 0 in 0-7 (Q4_K, Q5_K)
 };
 
@@ -218,14 +220,14 @@ void quantize256(const float* x, Act& a) {
             const float amax = amax_of(xb, 256);
             a.d256[m * blocks + b] = amax / 127.0f;
             to_int8(xb, 256, amax > 0.0f ? 127.0f / amax : 0.0f, q);
-            int32_t* s16 = a.sums16 + (m * blocks + b) * 16;
+            int32_t* neg16 = a.neg16 + (m * blocks + b) * 16;
             int32_t* s32 = a.sums32 + (m * blocks + b) * 16;
             for (int g = 0; g < 16; ++g) {
                 int32_t s = 0;
                 for (int l = 0; l < 16; ++l) s += q[16 * g + l];
-                s16[g] = s;
+                neg16[g] = -s;
             }
-            for (int j = 0; j < 8; ++j) s32[j] = 0, s32[8 + j] = s16[2 * j] + s16[2 * j + 1];
+            for (int j = 0; j < 8; ++j) s32[j] = 0, s32[8 + j] = -(neg16[2 * j] + neg16[2 * j + 1]);
         }
     }
 }
@@ -269,7 +271,10 @@ inline void super_tile(const uint8_t* row, const Act& a, int64_t m0, float* y, i
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* sb = row + b * block_bytes<T>();
         float d, dmin;
-        const __m512i scales = super_scales<T>(sb, d, dmin);
+        // The scales in the low 16 bits of each lane (the high 16 zero), so that vpdpwssd adds
+        // exactly lane x scale: each lane's int8 dot product (at most 4 x 63 x 127) fits 16 bits.
+        const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+        const __m512i scales = _mm512_and_si512(super_scales<T>(sb, d, dmin), low16);
         __m512i iacc[MT];
         for (int i = 0; i < MT; ++i) iacc[i] = _mm512_setzero_si512();
         for (int q = 0; q < 4; ++q) {
@@ -278,20 +283,22 @@ inline void super_tile(const uint8_t* row, const Act& a, int64_t m0, float* y, i
             for (int i = 0; i < MT; ++i) {
                 const int8_t* xq = a.q256 + (m0 + i) * a.K + 256 * b + 64 * q;
                 const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xq));
-                iacc[i] = _mm512_add_epi32(iacc[i], _mm512_mullo_epi32(dot, sl));
+                iacc[i] = _mm512_dpwssd_epi32(iacc[i], dot, sl);
             }
         }
+        // Q6_K: codes are q + 32, so 32 * scale * (sum of x per 16) comes off, in int32 (the
+        // sums are stored negated). Q4_K/Q5_K: weight = d * sc * code - dmin * mn: the mins
+        // (lanes 8-15 of `scales`) times the sums of x per 32 (lanes 8-15), scaled by dmin.
+        const __m512i sc32 = _mm512_and_si512(_mm512_slli_epi32(scales, 5), low16);
         for (int i = 0; i < MT; ++i) {
             const int64_t m = m0 + i;
             const float dx = a.d256[m * blocks + b];
-            // Q6_K: codes are q + 32, so 32 * scale * (sum of x per 16) comes off, in int32.
-            // Q4_K/Q5_K: weight = d * sc * code - dmin * mn: the mins (lanes 8-15 of `scales`)
-            // times the sums of x per 32 (lanes 8-15 of `sx`), scaled by dmin.
-            const __m512i sx = _mm512_load_si512((T == Q6_K ? a.sums16 : a.sums32) + (m * blocks + b) * 16);
+            const __m512i sx = _mm512_load_si512((T == Q6_K ? a.neg16 : a.sums32) + (m * blocks + b) * 16);
             if (T == Q6_K) {
-                iacc[i] = _mm512_sub_epi32(iacc[i], _mm512_slli_epi32(_mm512_mullo_epi32(scales, sx), 5));
+                iacc[i] = _mm512_dpwssd_epi32(iacc[i], sx, sc32);
             } else {
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(scales, sx)), _mm512_set1_ps(-dmin * dx), acc[i]);
+                const __m512i mins = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sx, scales);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_set1_ps(-dmin * dx), acc[i]);
             }
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i]), _mm512_set1_ps(d * dx), acc[i]);
         }
@@ -442,7 +449,7 @@ int gguf_mm(const float* x, int64_t M, int64_t K, int nmat, const uint8_t* const
     if (super) {
         a.q256 = static_cast<int8_t*>(alloc(3, M * K));
         a.d256 = static_cast<float*>(alloc(4, M * K / 256 * 4));
-        a.sums16 = static_cast<int32_t*>(alloc(5, M * K / 16 * 4));
+        a.neg16 = static_cast<int32_t*>(alloc(5, M * K / 16 * 4));
         a.sums32 = static_cast<int32_t*>(alloc(6, M * K / 16 * 4));
         quantize256(x, a);
     }

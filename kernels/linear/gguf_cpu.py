@@ -142,41 +142,51 @@ def _build(lib: Path) -> None:
             os.unlink(tmp)
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
+class GGUFProduct:
+    """x [M, K] (fp32) @ [W_0; W_1; ...]^T -> fp32 [M, sum of rows] for GGUFMatrix W_i of K
+    columns (q/k/v or gate/up as one call), with the kernel's arguments prepared once: a decode
+    step makes about 4 calls a layer. Up to DOT_MAX_ROWS rows: int8 activations against the
+    blocks, fp32 accumulation. More rows: each W_i dequantised to bf16 a slice at a time, times
+    bf16 x (PyTorch's GEMM, fp32 accumulation, bf16 output)."""
+
+    def __init__(self, mats: list[GGUFMatrix] | tuple[GGUFMatrix, ...]):
+        if not mats or any(w.cols != mats[0].cols for w in mats):
+            raise ValueError(f"matrices of {[w.shape for w in mats]} do not share their columns")
+        self.mats, self.cols = tuple(mats), mats[0].cols
+        self.rows = sum(w.rows for w in mats)
+        n = len(mats)
+        self._args = (n, (ctypes.c_void_p * n)(*(w.blocks.data_ptr() for w in mats)),
+                      (ctypes.c_int64 * n)(*(w.rows for w in mats)),
+                      (ctypes.c_int64 * n)(*(w.blocks.shape[1] for w in mats)),
+                      (ctypes.c_int * n)(*(w.qtype for w in mats)))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lib = library()
+        if lib is None:
+            raise UnavailableError(unavailable())
+        if x.dim() != 2 or x.shape[1] != self.cols:
+            raise ValueError(f"x {tuple(x.shape)} does not fit matrices of {[w.shape for w in self.mats]}")
+        m = x.shape[0]
+        out = torch.empty(m, self.rows, dtype=torch.float32)
+        if m > DOT_MAX_ROWS:
+            xb, at = x.to(torch.bfloat16), 0
+            for w in self.mats:
+                step = max(1, _SLICE_BYTES // (2 * w.cols))
+                for n0 in range(0, w.rows, step):
+                    n1 = min(w.rows, n0 + step)
+                    out[:, at + n0:at + n1] = xb @ dequantize(w, n0, n1, torch.bfloat16).t()
+                at += w.rows
+            return out
+        x = x.contiguous().float()
+        rc = lib.gguf_mm(x.data_ptr(), m, self.cols, *self._args, out.data_ptr(), self.rows, torch.get_num_threads())
+        if rc != 0:
+            raise ValueError(f"gguf_mm failed ({rc})")
+        return out
 
 
 def gguf_mm(x: torch.Tensor, mats: list[GGUFMatrix] | tuple[GGUFMatrix, ...]) -> torch.Tensor:
-    """x [M, K] (fp32) @ [W_0; W_1; ...]^T -> fp32 [M, sum of rows], each W_i a GGUFMatrix with K
-    columns. Up to DOT_MAX_ROWS rows: int8 activations (per 32 values) against the blocks, fp32
-    accumulation. More rows: each W_i dequantised to bf16 a slice at a time, times bf16 x."""
-    lib = library()
-    if lib is None:
-        raise UnavailableError(unavailable())
-    if x.dim() != 2 or any(w.cols != x.shape[1] for w in mats):
-        raise ValueError(f"x {tuple(x.shape)} does not fit matrices of {[w.shape for w in mats]}")
-    m = x.shape[0]
-    out = torch.empty(m, sum(w.rows for w in mats), dtype=torch.float32)
-    if m > DOT_MAX_ROWS:
-        xb, at = x.to(torch.bfloat16), 0
-        for w in mats:
-            step = max(1, _SLICE_BYTES // (2 * w.cols))
-            for n0 in range(0, w.rows, step):
-                n1 = min(w.rows, n0 + step)
-                out[:, at + n0:at + n1] = xb @ dequantize(w, n0, n1, torch.bfloat16).t()
-            at += w.rows
-        return out
-    x = x.contiguous().float()
-    n = len(mats)
-    ptrs = (ctypes.c_void_p * n)(*(_ptr(w.blocks) for w in mats))
-    rows = (ctypes.c_int64 * n)(*(w.rows for w in mats))
-    row_bytes = (ctypes.c_int64 * n)(*(w.blocks.shape[1] for w in mats))
-    qtypes = (ctypes.c_int * n)(*(w.qtype for w in mats))
-    rc = lib.gguf_mm(_ptr(x), m, x.shape[1], n, ptrs, rows, row_bytes, qtypes, _ptr(out), out.shape[1],
-                     torch.get_num_threads())
-    if rc != 0:
-        raise ValueError(f"gguf_mm failed ({rc})")
-    return out
+    """`GGUFProduct(mats)(x)` for a one-off product."""
+    return GGUFProduct(mats)(x)
 
 
 def dequantize(w: GGUFMatrix, n0: int = 0, n1: int | None = None,
@@ -189,7 +199,7 @@ def dequantize(w: GGUFMatrix, n0: int = 0, n1: int | None = None,
     if dtype not in (torch.float32, torch.bfloat16) or not 0 <= n0 <= n1 <= w.rows:
         raise ValueError(f"cannot dequantise rows {n0}:{n1} of {w.shape} to {dtype}")
     out = torch.empty(n1 - n0, w.cols, dtype=dtype)
-    rc = lib.gguf_dequant(_ptr(w.blocks), w.blocks.shape[1], w.qtype, w.cols, n0, n1, _ptr(out),
+    rc = lib.gguf_dequant(w.blocks.data_ptr(), w.blocks.shape[1], w.qtype, w.cols, n0, n1, out.data_ptr(),
                           int(dtype == torch.bfloat16), torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"cannot dequantise GGML type {w.qtype} with {w.cols} columns")
