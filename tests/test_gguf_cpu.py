@@ -110,3 +110,19 @@ def test_bad_inputs_are_refused():
     w = random_matrix(2, 4, 64)
     with pytest.raises(ValueError):
         gguf_mm(torch.randn(1, 32), [w])
+
+
+@pytest.mark.parametrize("m", [1, 3, DOT_MAX_ROWS + 2])
+def test_folded_norm_and_swiglu(m):
+    """GGUFProduct(norm=..., swiglu=True): RMSNorm before and SwiGLU after, as the model's
+    separate ops would give them."""
+    from docqa.kernels.linear.gguf_cpu import GGUFProduct
+
+    gate, up = random_matrix(12, 24, 512, seed=4), random_matrix(14, 24, 512, seed=5)
+    g = torch.Generator().manual_seed(m)
+    x, norm = torch.randn(m, 512, generator=g) * 3, torch.rand(512, generator=g) + 0.5
+    got = GGUFProduct([gate, up], norm=norm, eps=1e-5, swiglu=True)(x)
+    y = gguf_mm(torch.nn.functional.rms_norm(x, (512,), norm, 1e-5), [gate, up])
+    want = torch.nn.functional.silu(y[:, :24]) * y[:, 24:]
+    assert got.shape == (m, 24)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

@@ -39,8 +39,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = _param(dim)
+        self.folded = False  # applied by the quantised product that follows it (engine/gguf_weights.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.folded:
+            return x
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -86,11 +89,9 @@ class MLP(nn.Module):
         self.gate_up: QuantLinear | None = None  # quantised gate/up as one product
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        if self.gate_up is not None:  # silu(gate) * up inside the product
+            return self.down_proj(self.gate_up(x))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -186,14 +187,21 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def _quantized_products(self) -> None:
+        """Quantised Linears compute on their blocks; in a Llama block q/k/v and gate/up run as
+        one product each, with the RMSNorm before them (and SwiGLU after gate/up) folded in, as
+        is the final norm into the output projection: fewer dispatches per decode step."""
         for mod in self.modules():
             if isinstance(mod, Linear) and isinstance(mod.quant, GGUFMatrix):
                 mod.quant = QuantLinear([mod.quant], None if mod.bias is None else mod.bias.detach())
         for block in self.layers:
             a, m = block.self_attn, block.mlp
-            if isinstance(a, Attention) and all(p.quant for p in (a.q_proj, a.k_proj, a.v_proj)):
+            if isinstance(block, Block) and all(p.quant for p in (a.q_proj, a.k_proj, a.v_proj)):
                 biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
                 a.qkv = QuantLinear([*a.q_proj.quant.mats, *a.k_proj.quant.mats, *a.v_proj.quant.mats],
-                                    None if biases[0] is None else torch.cat(biases).detach())
-            if isinstance(m, MLP) and m.gate_proj.quant and m.up_proj.quant:
-                m.gate_up = QuantLinear([*m.gate_proj.quant.mats, *m.up_proj.quant.mats])
+                                    None if biases[0] is None else torch.cat(biases).detach(),
+                                    norm=block.input_layernorm)
+            if isinstance(block, Block) and m.gate_proj.quant and m.up_proj.quant:
+                m.gate_up = QuantLinear([*m.gate_proj.quant.mats, *m.up_proj.quant.mats],
+                                        norm=block.post_attention_layernorm, swiglu=True)
+        if self.lm_head.quant is not None:
+            self.lm_head.quant = QuantLinear(self.lm_head.quant.mats, norm=self.norm)

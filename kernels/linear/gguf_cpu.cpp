@@ -14,6 +14,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -415,6 +416,16 @@ template <int T> struct Dequant {
     }
 };
 
+void rms_norm(const float* x, int64_t M, int64_t K, const float* w, float eps, float* out) {
+    for (int64_t m = 0; m < M; ++m) {
+        const float* r = x + m * K;
+        double ss = 0.0;
+        for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(r[k]) * r[k];
+        const float rstd = 1.0f / std::sqrt(static_cast<float>(ss / K) + eps);
+        for (int64_t k = 0; k < K; ++k) out[m * K + k] = r[k] * rstd * w[k];
+    }
+}
+
 constexpr int64_t kChunkRows = 16;  // rows a thread takes at a time (dynamic: the cores may be shared)
 
 bool supported(int qtype) {
@@ -427,9 +438,13 @@ bool is_super(int qtype) { return qtype == Q4_K || qtype == Q5_K || qtype == Q6_
 extern "C" {
 
 // y[M, sum(rows)] = x[M, K] @ [W_0; W_1; ...]^T, each W_i [rows[i], K] in GGUF blocks of type
-// qtypes[i] (row_bytes[i] bytes a row); y's row stride is ldy. Returns 0, or -1 for bad input.
+// qtypes[i] (row_bytes[i] bytes a row); y's row stride is ldy. With norm_w, x is first RMS-
+// normalised (x * rsqrt(mean(x^2) + eps) * norm_w, fp32); with swiglu, the two halves of the
+// output [G | U] become silu(G) * U in y's first sum(rows) / 2 columns. Returns 0, or -1 for
+// bad input.
 int gguf_mm(const float* x, int64_t M, int64_t K, int nmat, const uint8_t* const* w, const int64_t* rows,
-            const int64_t* row_bytes, const int* qtypes, float* y, int64_t ldy, int nthreads) {
+            const int64_t* row_bytes, const int* qtypes, float* y, int64_t ldy, int nthreads,
+            const float* norm_w, float eps, int swiglu) {
     if (nmat > 64) return -1;
     bool small = false, super = false;
     for (int i = 0; i < nmat; ++i) {
@@ -438,8 +453,13 @@ int gguf_mm(const float* x, int64_t M, int64_t K, int nmat, const uint8_t* const
     }
     Act a;
     a.M = M, a.K = K, a.k64 = (K + 63) / 64 * 64;
-    void* mem[7] = {nullptr};
+    void* mem[8] = {nullptr};
     auto alloc = [&](int i, int64_t bytes) { return mem[i] = std::aligned_alloc(64, (bytes + 63) / 64 * 64); };
+    if (norm_w) {
+        float* normed = static_cast<float*>(alloc(7, M * K * 4));
+        rms_norm(x, M, K, norm_w, eps, normed);
+        x = normed;
+    }
     if (small) {
         a.q32 = static_cast<int8_t*>(alloc(0, M * a.k64));
         a.d32 = static_cast<float*>(alloc(1, M * a.k64 / 32 * 4));
@@ -470,6 +490,13 @@ int gguf_mm(const float* x, int64_t M, int64_t K, int nmat, const uint8_t* const
         }
     }
     for (void* p : mem) std::free(p);
+    if (swiglu) {
+        const int64_t half = total / 2;
+        for (int64_t m = 0; m < M; ++m) {
+            float* r = y + m * ldy;
+            for (int64_t n = 0; n < half; ++n) r[n] = r[n] / (1.0f + std::exp(-r[n])) * r[n + half];
+        }
+    }
     return 0;
 }
 

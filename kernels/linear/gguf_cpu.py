@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 SOURCE = Path(__file__).with_name("gguf_cpu.cpp")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
@@ -108,7 +109,8 @@ def _load() -> ctypes.CDLL:
     except OSError as e:
         raise UnavailableError(f"cannot load {lib}: {e}") from None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    dll.gguf_mm.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_int]
+    dll.gguf_mm.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_int,
+                            ptr, ctypes.c_float, ctypes.c_int]
     dll.gguf_dequant.argtypes = [ptr, i64, ctypes.c_int, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
     return dll
 
@@ -147,13 +149,23 @@ class GGUFProduct:
     columns (q/k/v or gate/up as one call), with the kernel's arguments prepared once: a decode
     step makes about 4 calls a layer. Up to DOT_MAX_ROWS rows: int8 activations against the
     blocks, fp32 accumulation. More rows: each W_i dequantised to bf16 a slice at a time, times
-    bf16 x (PyTorch's GEMM, fp32 accumulation, bf16 output)."""
+    bf16 x (PyTorch's GEMM, fp32 accumulation, bf16 output).
 
-    def __init__(self, mats: list[GGUFMatrix] | tuple[GGUFMatrix, ...]):
+    norm: an RMSNorm weight [K] (with eps) applied to x first; swiglu: the matrices are [gate;
+    up] and the result is silu(gate) * up, [M, sum of rows / 2] — the ops around a product
+    that would otherwise cost a dispatch each per layer."""
+
+    def __init__(self, mats: list[GGUFMatrix] | tuple[GGUFMatrix, ...], *, norm: torch.Tensor | None = None,
+                 eps: float = 1e-6, swiglu: bool = False):
         if not mats or any(w.cols != mats[0].cols for w in mats):
             raise ValueError(f"matrices of {[w.shape for w in mats]} do not share their columns")
         self.mats, self.cols = tuple(mats), mats[0].cols
         self.rows = sum(w.rows for w in mats)
+        if swiglu and self.rows % 2:
+            raise ValueError(f"swiglu needs [gate; up] halves, not {self.rows} rows")
+        if norm is not None and (norm.shape != (self.cols,) or norm.dtype != torch.float32 or not norm.is_contiguous()):
+            raise ValueError(f"norm weight {tuple(norm.shape)} {norm.dtype} does not fit {self.cols} columns")
+        self.norm, self.eps, self.swiglu = norm, eps, swiglu
         n = len(mats)
         self._args = (n, (ctypes.c_void_p * n)(*(w.blocks.data_ptr() for w in mats)),
                       (ctypes.c_int64 * n)(*(w.rows for w in mats)),
@@ -169,6 +181,8 @@ class GGUFProduct:
         m = x.shape[0]
         out = torch.empty(m, self.rows, dtype=torch.float32)
         if m > DOT_MAX_ROWS:
+            if self.norm is not None:
+                x = F.rms_norm(x.float(), (self.cols,), self.norm, self.eps)
             xb, at = x.to(torch.bfloat16), 0
             for w in self.mats:
                 step = max(1, _SLICE_BYTES // (2 * w.cols))
@@ -176,12 +190,17 @@ class GGUFProduct:
                     n1 = min(w.rows, n0 + step)
                     out[:, at + n0:at + n1] = xb @ dequantize(w, n0, n1, torch.bfloat16).t()
                 at += w.rows
+            if self.swiglu:
+                gate, up = out.chunk(2, dim=1)
+                return F.silu(gate) * up
             return out
         x = x.contiguous().float()
-        rc = lib.gguf_mm(x.data_ptr(), m, self.cols, *self._args, out.data_ptr(), self.rows, torch.get_num_threads())
+        norm = None if self.norm is None else self.norm.data_ptr()
+        rc = lib.gguf_mm(x.data_ptr(), m, self.cols, *self._args, out.data_ptr(), self.rows, torch.get_num_threads(),
+                         norm, self.eps, int(self.swiglu))
         if rc != 0:
             raise ValueError(f"gguf_mm failed ({rc})")
-        return out
+        return out[:, :self.rows // 2] if self.swiglu else out
 
 
 def gguf_mm(x: torch.Tensor, mats: list[GGUFMatrix] | tuple[GGUFMatrix, ...]) -> torch.Tensor:
