@@ -46,22 +46,21 @@ def keeps_quantized(mode: str, ckpt, dtype: torch.dtype) -> tuple[bool, str]:
 
 
 class QuantLinear:
-    """y = x @ [W_0; W_1; ...]^T (+ bias) on GGUF matrices with the same columns: x [T, K] fp32,
+    """y = x @ [W_0; W_1; ...]^T + bias on GGUF matrices with the same columns: x [T, K] fp32,
     y [T, sum of rows] fp32. norm: an RMSNorm module whose weight the product applies to x
     first (the module is then marked `folded`, and passes x through); swiglu: [gate; up] in,
     silu(gate) * up out."""
 
     def __init__(self, mats: list[GGUFMatrix], bias: torch.Tensor | None = None, *, norm=None,
                  swiglu: bool = False):
-        self.mats, self.bias = tuple(mats), bias
-        self.product = GGUFProduct(mats, swiglu=swiglu, norm=None if norm is None else norm.weight.detach(),
+        self.mats = tuple(mats)
+        self.product = GGUFProduct(mats, bias=bias, swiglu=swiglu, norm=None if norm is None else norm.weight.detach(),
                                    eps=1e-6 if norm is None else norm.eps)
         if norm is not None:
             norm.folded = True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.product(x)
-        return y if self.bias is None else y.add_(self.bias)
+        return self.product(x)
 
     @property
     def nbytes(self) -> int:

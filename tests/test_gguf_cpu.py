@@ -126,3 +126,13 @@ def test_folded_norm_and_swiglu(m):
     want = torch.nn.functional.silu(y[:, :24]) * y[:, 24:]
     assert got.shape == (m, 24)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_bias():
+    from docqa.kernels.linear.gguf_cpu import GGUFProduct
+
+    w = random_matrix(12, 20, 256, seed=6)
+    bias = torch.randn(20)
+    for m in (1, DOT_MAX_ROWS + 1):
+        x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
+        torch.testing.assert_close(GGUFProduct([w], bias=bias)(x), gguf_mm(x, [w]) + bias)

@@ -439,12 +439,13 @@ extern "C" {
 
 // y[M, sum(rows)] = x[M, K] @ [W_0; W_1; ...]^T, each W_i [rows[i], K] in GGUF blocks of type
 // qtypes[i] (row_bytes[i] bytes a row); y's row stride is ldy. With norm_w, x is first RMS-
-// normalised (x * rsqrt(mean(x^2) + eps) * norm_w, fp32); with swiglu, the two halves of the
+// normalised (x * rsqrt(mean(x^2) + eps) * norm_w, fp32); bias [sum(rows)] is added; with
+// swiglu, the two halves of the
 // output [G | U] become silu(G) * U in y's first sum(rows) / 2 columns. Returns 0, or -1 for
 // bad input.
 int gguf_mm(const float* x, int64_t M, int64_t K, int nmat, const uint8_t* const* w, const int64_t* rows,
             const int64_t* row_bytes, const int* qtypes, float* y, int64_t ldy, int nthreads,
-            const float* norm_w, float eps, int swiglu) {
+            const float* norm_w, float eps, const float* bias, int swiglu) {
     if (nmat > 64) return -1;
     bool small = false, super = false;
     for (int i = 0; i < nmat; ++i) {
@@ -490,6 +491,10 @@ int gguf_mm(const float* x, int64_t M, int64_t K, int nmat, const uint8_t* const
         }
     }
     for (void* p : mem) std::free(p);
+    if (bias) {
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < total; ++n) y[m * ldy + n] += bias[n];
+    }
     if (swiglu) {
         const int64_t half = total / 2;
         for (int64_t m = 0; m < M; ++m) {

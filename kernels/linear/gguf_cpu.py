@@ -110,7 +110,7 @@ def _load() -> ctypes.CDLL:
         raise UnavailableError(f"cannot load {lib}: {e}") from None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     dll.gguf_mm.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_int,
-                            ptr, ctypes.c_float, ctypes.c_int]
+                            ptr, ctypes.c_float, ptr, ctypes.c_int]
     dll.gguf_dequant.argtypes = [ptr, i64, ctypes.c_int, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
     return dll
 
@@ -151,21 +151,22 @@ class GGUFProduct:
     blocks, fp32 accumulation. More rows: each W_i dequantised to bf16 a slice at a time, times
     bf16 x (PyTorch's GEMM, fp32 accumulation, bf16 output).
 
-    norm: an RMSNorm weight [K] (with eps) applied to x first; swiglu: the matrices are [gate;
-    up] and the result is silu(gate) * up, [M, sum of rows / 2] — the ops around a product
-    that would otherwise cost a dispatch each per layer."""
+    norm: an RMSNorm weight [K] (with eps) applied to x first; bias [sum of rows] added;
+    swiglu: the matrices are [gate; up] and the result is silu(gate) * up, [M, sum of rows / 2]
+    — the ops around a product that would otherwise cost a dispatch each per layer."""
 
     def __init__(self, mats: list[GGUFMatrix] | tuple[GGUFMatrix, ...], *, norm: torch.Tensor | None = None,
-                 eps: float = 1e-6, swiglu: bool = False):
+                 eps: float = 1e-6, bias: torch.Tensor | None = None, swiglu: bool = False):
         if not mats or any(w.cols != mats[0].cols for w in mats):
             raise ValueError(f"matrices of {[w.shape for w in mats]} do not share their columns")
         self.mats, self.cols = tuple(mats), mats[0].cols
         self.rows = sum(w.rows for w in mats)
         if swiglu and self.rows % 2:
             raise ValueError(f"swiglu needs [gate; up] halves, not {self.rows} rows")
-        if norm is not None and (norm.shape != (self.cols,) or norm.dtype != torch.float32 or not norm.is_contiguous()):
-            raise ValueError(f"norm weight {tuple(norm.shape)} {norm.dtype} does not fit {self.cols} columns")
-        self.norm, self.eps, self.swiglu = norm, eps, swiglu
+        for name, t, size in (("norm weight", norm, self.cols), ("bias", bias, self.rows)):
+            if t is not None and (t.shape != (size,) or t.dtype != torch.float32 or not t.is_contiguous()):
+                raise ValueError(f"{name} {tuple(t.shape)} {t.dtype} does not fit {size} (fp32, contiguous)")
+        self.norm, self.eps, self.bias, self.swiglu = norm, eps, bias, swiglu
         n = len(mats)
         self._args = (n, (ctypes.c_void_p * n)(*(w.blocks.data_ptr() for w in mats)),
                       (ctypes.c_int64 * n)(*(w.rows for w in mats)),
@@ -190,14 +191,17 @@ class GGUFProduct:
                     n1 = min(w.rows, n0 + step)
                     out[:, at + n0:at + n1] = xb @ dequantize(w, n0, n1, torch.bfloat16).t()
                 at += w.rows
+            if self.bias is not None:
+                out += self.bias
             if self.swiglu:
                 gate, up = out.chunk(2, dim=1)
                 return F.silu(gate) * up
             return out
         x = x.contiguous().float()
         norm = None if self.norm is None else self.norm.data_ptr()
+        bias = None if self.bias is None else self.bias.data_ptr()
         rc = lib.gguf_mm(x.data_ptr(), m, self.cols, *self._args, out.data_ptr(), self.rows, torch.get_num_threads(),
-                         norm, self.eps, int(self.swiglu))
+                         norm, self.eps, bias, int(self.swiglu))
         if rc != 0:
             raise ValueError(f"gguf_mm failed ({rc})")
         return out[:, :self.rows // 2] if self.swiglu else out
