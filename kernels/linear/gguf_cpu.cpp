@@ -267,8 +267,8 @@ template <int T, int MT>
 inline void super_tile(const uint8_t* row, const Act& a, int64_t m0, float* y, int64_t ldy, int64_t n) {
     const int64_t blocks = a.K / 256;
     const __m512i idx[4] = {lane_index<T>(0), lane_index<T>(1), lane_index<T>(2), lane_index<T>(3)};
-    __m512 acc[MT];
-    for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+    __m512 acc[MT], macc[MT];  // the scaled products, and the minimums' terms (two chains)
+    for (int i = 0; i < MT; ++i) acc[i] = macc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* sb = row + b * block_bytes<T>();
         float d, dmin;
@@ -276,17 +276,21 @@ inline void super_tile(const uint8_t* row, const Act& a, int64_t m0, float* y, i
         // exactly lane x scale: each lane's int8 dot product (at most 4 x 63 x 127) fits 16 bits.
         const __m512i low16 = _mm512_set1_epi32(0xFFFF);
         const __m512i scales = _mm512_and_si512(super_scales<T>(sb, d, dmin), low16);
-        __m512i iacc[MT];
-        for (int i = 0; i < MT; ++i) iacc[i] = _mm512_setzero_si512();
+        // One int32 accumulator per unit, summed after: a chain of four dependent vpdpwssd per
+        // super-block would bound the loop by their latency rather than by throughput.
+        __m512i part[4][MT];
         for (int q = 0; q < 4; ++q) {
             const __m512i codes = super_codes<T>(sb, q);
             const __m512i sl = _mm512_permutexvar_epi32(idx[q], scales);
             for (int i = 0; i < MT; ++i) {
                 const int8_t* xq = a.q256 + (m0 + i) * a.K + 256 * b + 64 * q;
                 const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xq));
-                iacc[i] = _mm512_dpwssd_epi32(iacc[i], dot, sl);
+                part[q][i] = _mm512_madd_epi16(dot, sl);
             }
         }
+        __m512i iacc[MT];
+        for (int i = 0; i < MT; ++i)
+            iacc[i] = _mm512_add_epi32(_mm512_add_epi32(part[0][i], part[1][i]), _mm512_add_epi32(part[2][i], part[3][i]));
         // Q6_K: codes are q + 32, so 32 * scale * (sum of x per 16) comes off, in int32 (the
         // sums are stored negated). Q4_K/Q5_K: weight = d * sc * code - dmin * mn: the mins
         // (lanes 8-15 of `scales`) times the sums of x per 32 (lanes 8-15), scaled by dmin.
@@ -298,13 +302,13 @@ inline void super_tile(const uint8_t* row, const Act& a, int64_t m0, float* y, i
             if (T == Q6_K) {
                 iacc[i] = _mm512_dpwssd_epi32(iacc[i], sx, sc32);
             } else {
-                const __m512i mins = _mm512_dpwssd_epi32(_mm512_setzero_si512(), sx, scales);
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_set1_ps(-dmin * dx), acc[i]);
+                const __m512i mins = _mm512_madd_epi16(sx, scales);
+                macc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_set1_ps(-dmin * dx), macc[i]);
             }
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i]), _mm512_set1_ps(d * dx), acc[i]);
         }
     }
-    for (int i = 0; i < MT; ++i) y[(m0 + i) * ldy + n] = _mm512_reduce_add_ps(acc[i]);
+    for (int i = 0; i < MT; ++i) y[(m0 + i) * ldy + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], macc[i]));
 }
 
 template <int T, int MT>
