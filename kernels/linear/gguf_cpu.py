@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -36,6 +37,10 @@ BLOCKS = {2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144), 13: (256, 176),
 # and multiply with PyTorch's GEMM, whose cost per row is lower.
 DOT_MAX_ROWS = 32
 _SLICE_BYTES = 8 << 20  # bf16 weights dequantised at a time by the GEMM path
+# A build takes seconds; one that runs for minutes is stuck (a compiler waiting on something).
+BUILD_TIMEOUT_S = 300
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,35 +78,39 @@ class UnavailableError(RuntimeError):
     """The kernel cannot be built or loaded here (the message says why)."""
 
 
-@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where it cannot be (see `unavailable`)."""
-    try:
-        return _load()
-    except UnavailableError:
-        return None
+    return _outcome()[0]
 
 
 def unavailable() -> str | None:
     """Why `library()` is None, or None when it is available."""
-    try:
-        _load()
-    except UnavailableError as e:
-        return str(e)
-    return None
+    return _outcome()[1]
 
 
 @functools.cache
+def _outcome() -> tuple[ctypes.CDLL | None, str | None]:
+    # Cached either way: a failed build is tried once per process, and said once, as a warning
+    # (the engine then runs on dequantised fp32 weights).
+    try:
+        return _load(), None
+    except UnavailableError as e:
+        log.warning("gguf_cpu: no CPU kernel (%s); GGUF weights are dequantised to fp32 "
+                    "(slower, about 4-8x the memory)", e)
+        return None, str(e)
+
+
 def _load() -> ctypes.CDLL:
     flags = _cpu_flags()
     missing = [f for f in CPU_FEATURES if f not in flags]
     if missing:
         raise UnavailableError(f"the CPU lacks {', '.join(missing)}")
-    source = SOURCE.read_bytes()
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as e:
+        raise UnavailableError(f"no kernel source: {e}") from None
     key = hashlib.sha256(source + " ".join(CFLAGS).encode() + " ".join(sorted(flags)).encode()).hexdigest()[:16]
-    from docqa.engine.settings import cache_home
-
-    lib = cache_home() / "docqa" / "kernels" / f"gguf_cpu-{key}.so"
+    lib = _cache_dir() / f"gguf_cpu-{key}.so"
     if not lib.exists():
         _build(lib)
     try:
@@ -125,20 +134,47 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _cache_dir() -> Path:
+    """Where built libraries live: the docqa cache folder (`$XDG_CACHE_HOME`, else ~/.cache), never
+    the source tree or site-packages (often read-only); where that cannot be written (a read-only
+    home in CI or a container), a folder of this user's own under the temporary directory."""
+    from docqa.engine.settings import cache_home
+
+    home = cache_home() / "docqa" / "kernels"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK | os.X_OK):
+            return home
+    except OSError:
+        pass
+    tmp = Path(tempfile.gettempdir()) / f"docqa-kernels-{os.getuid()}"
+    try:
+        tmp.mkdir(mode=0o700, exist_ok=True)
+        st = tmp.stat()
+        # A shared temporary directory: load only from a folder no other user can write to.
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise UnavailableError(f"{tmp} is not this user's own folder")
+    except OSError as e:
+        raise UnavailableError(f"no writable cache folder ({home}: {e})") from None
+    return tmp
+
+
 def _build(lib: Path) -> None:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not cxx:
         raise UnavailableError("no C++ compiler (set CXX or install g++)")
-    lib.parent.mkdir(parents=True, exist_ok=True)
     # Built under a temporary name and renamed: processes starting together never load half a file.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cxx, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run([cxx, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT_S)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            raise UnavailableError(f"compiling {SOURCE.name} failed: {last}")
+            raise UnavailableError(f"compiling {SOURCE.name} with {cxx} failed: {last}")
         os.replace(tmp, lib)
+    except (OSError, subprocess.SubprocessError) as e:  # a CXX that does not run, a build that hangs
+        raise UnavailableError(f"compiling {SOURCE.name} with {cxx} failed: {e}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
