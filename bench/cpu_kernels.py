@@ -7,6 +7,9 @@ matrices, in one process (bench/results/cpu_engine.md, "how the kernel was chose
   gpt-fast use it) after a repack at load; it holds 4-bit codes with a bf16 scale and zero per
   32 columns, so it fits Q4_0/Q4_1/Q4_K exactly (up to bf16 scales) but not Q5_K/Q6_K/Q8_0;
   the repack time is PyTorch's `_convert_weight_to_int4pack_for_cpu` alone;
+- `int8pack`: PyTorch's weight-only int8 kernel (`_weight_int8pack_mm`), int8 codes with one
+  scale per output row: it fits no GGUF type exactly (their scales are per 32 or 16 columns), so
+  it stands for any type at the cost of a requantisation;
 - `fp32` / `bf16`: F.linear on the dequantised matrix (what a full-precision copy costs).
 
 Times are CPU seconds of this process (`time.process_time`, 1 thread by default), so other
@@ -70,14 +73,17 @@ def main() -> None:
     tensors = ckpt.tensors(quantized=True)
     names = [n for n in tensors if n.startswith(f"model.layers.{args.layer}.") and isinstance(tensors[n], GGUFMatrix)]
     print(f"{ckpt.path.name}, layer {args.layer}, {args.threads} thread(s); ms of CPU time per product")
-    print("| matrix | type | rows x cols | M | gguf | int4pack | fp32 | bf16 | int4pack / gguf |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| matrix | type | rows x cols | M | gguf | int4pack | int8pack | fp32 | bf16 | int4pack / gguf "
+          "| int8pack / gguf |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     repack_s = 0.0
     for name in names:
         w = tensors[name]
         copies = [GGUFMatrix(w.blocks.clone(), w.qtype, w.cols) for _ in range(4)]
         f32 = [dequantize(c) for c in copies]
         b16 = [t.bfloat16() for t in f32]
+        i8 = [torch.randint(-128, 128, w.shape, dtype=torch.int8) for _ in range(4)]
+        i8_scale = torch.rand(w.rows) * 0.01
         fits = w.qtype in INT4_FITS
         if fits:
             codes = torch.randint(0, 16, w.shape, dtype=torch.int32)
@@ -95,9 +101,10 @@ def main() -> None:
             bf16 = cpu_time(lambda: F.linear(xb, b16[next(i) % 4]), repeat)
             int4 = cpu_time(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed[next(i) % 4], 32, sz),
                             repeat) if fits else float("nan")
+            int8 = cpu_time(lambda: torch.ops.aten._weight_int8pack_mm(x, i8[next(i) % 4], i8_scale), repeat)
             short = name.removeprefix(f"model.layers.{args.layer}.").removesuffix(".weight")
-            print(f"| {short} | {w.qtype} | {w.rows} x {w.cols} | {m} | {ours * 1e3:.2f} | {int4 * 1e3:.2f} | "
-                  f"{fp32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {int4 / ours:.2f}x |")
+            print(f"| {short} | {w.qtype} | {w.rows} x {w.cols} | {m} | {ours * 1e3:.2f} | {int4 * 1e3:.2f} | {int8 * 1e3:.2f} | "
+                  f"{fp32 * 1e3:.2f} | {bf16 * 1e3:.2f} | {int4 / ours:.2f}x | {int8 / ours:.2f}x |")
     n_layers = ckpt.config.n_layers
     print(f"\nint4pack repack of this layer's Q4 matrices: {repack_s:.3f} s of CPU "
           f"(x {n_layers} layers: {repack_s * n_layers:.1f} s at load, before unpacking the GGUF codes)")
