@@ -35,7 +35,7 @@ WARMUP = 64
 def run_ours(path, threads, lengths, decode, ids, mode="auto"):
     import torch
     from docqa.engine import Engine
-    from docqa.engine.generate import peak_rss_mib
+    from docqa.engine.benchmark import peak_rss_mib
 
     t, cpu = time.perf_counter(), time.process_time()
     engine = Engine.load(path, threads=threads, device="cpu", decode_weights=mode)
@@ -56,7 +56,7 @@ def run_ours(path, threads, lengths, decode, ids, mode="auto"):
 def run_hf(path, threads, lengths, decode, ids):
     import torch
     import transformers
-    from docqa.engine.generate import peak_rss_mib
+    from docqa.engine.benchmark import peak_rss_mib
 
     torch.set_num_threads(threads)
     t = time.perf_counter()
@@ -95,7 +95,7 @@ def main():
     args = ap.parse_args()
 
     from docqa.engine.checkpoint import open_checkpoint
-    from docqa.engine.generate import bench_prompt
+    from docqa.engine.benchmark import bench_prompt
     from docqa.engine.tokenizer import Tokenizer
 
     path = model_path(args.model)

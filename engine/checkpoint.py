@@ -104,6 +104,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
             cfg = json.loads(cfg_file.read_text())
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot read {cfg_file}: {e}") from None
+        _check_shards(path)
         return Checkpoint(path, "hf", ModelConfig.from_hf(cfg), {})
     if not path.exists():
         raise CheckpointError(f"model file {path} does not exist")
@@ -122,6 +123,23 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if arch is None:
         raise CheckpointError(f"{path} has no general.architecture")
     return Checkpoint(path, "gguf", config, meta, gf)
+
+
+def _check_shards(path: Path) -> None:
+    """An HF checkpoint holds every weight file its index names and at least one: a missing
+    shard is found here, before loading, not as a missing tensor deep inside a model."""
+    if not any(path.glob("*.safetensors")):
+        raise CheckpointError(f"checkpoint {path} is incomplete: it has no *.safetensors weight files")
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"cannot read {index}: {type(e).__name__}: {e}") from None
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise CheckpointError(f"checkpoint {path} is incomplete: {index.name} lists {len(shards)} weight "
+                                  f"files and {len(missing)} of them are missing ({shown})")
 
 
 def _gguf_entries(gf: GGUFFile, config: ModelConfig):
@@ -198,17 +216,20 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_w
         from .models.glm import GlmModel
 
         model = GlmModel(ckpt.config)
-        model.load_weights(ckpt.tensors(), dtype=dtype)
-        return model.eval(), ckpt
-    if ckpt.config.arch == "gemma3":
+    elif ckpt.config.arch == "gemma3":
         from .models.gemma3 import Gemma3Model
 
         model = Gemma3Model(ckpt.config)
-        model.load_weights(ckpt.tensors(), dtype=dtype)
-        return model.eval(), ckpt
-    model = LlamaModel(ckpt.config)
-    quantized, reason = keeps_quantized(mode, ckpt, dtype)
-    model.load_weights(ckpt.tensors(quantized=quantized), dtype=dtype)
+    else:
+        model = LlamaModel(ckpt.config)
+    # Only the Llama family runs on GGUF blocks; GLM and Gemma 3 load dequantised.
+    quantized, reason = keeps_quantized(mode, ckpt, dtype) if isinstance(model, LlamaModel) else (False, "")
+    try:
+        model.load_weights(ckpt.tensors(quantized=quantized), dtype=dtype)
+    except KeyError as e:  # the models' strict name and shape checks
+        raise CheckpointError(f"checkpoint {ckpt.path} does not hold the weights its config describes: "
+                              f"{e.args[0] if e.args else e}") from None
     model.eval()
-    model.decode_weights = summary(model, reason)
+    if isinstance(model, LlamaModel):
+        model.decode_weights = summary(model, reason)
     return model, ckpt
