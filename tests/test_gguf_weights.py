@@ -89,8 +89,9 @@ def test_float_checkpoints_stay_fp32(tmp_path):
 PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "List three prime numbers.",
            "Explain what a contract termination clause is.",
            "Summarise: the supplier shall deliver the goods on the delivery date."]
-# Where the argmax on the blocks differs from the fp32 one (same history), the fp32 top two must
-# be this close: a near-tie that int8 activations (llama.cpp rounds them the same way) can flip.
+# Where the argmax on the blocks differs from the fp32 one (same history), the fp32 logit of the
+# token chosen must be this close to the fp32 maximum: a near-tie that int8 activations
+# (llama.cpp rounds them the same way) can flip.
 NEAR_TIE_GAP = 0.25
 
 
@@ -125,9 +126,10 @@ def check_against_fp32(path, prompts, steps, logits_tolerance, max_flips):
             if int(a.argmax()) == int(b.argmax()):
                 continue
             flips += 1
-            top2 = a.topk(2)
-            assert (top2.values[0] - top2.values[1]).item() < NEAR_TIE_GAP, (prompt, i, top2.values)
-            assert int(b.argmax()) == int(top2.indices[1]), (prompt, i)
+            # The quantised pick must be one of the fp32 near-tied candidates (two, or at times
+            # three within the gap): its fp32 logit within NEAR_TIE_GAP of the fp32 maximum.
+            gap = (a.max() - a[int(b.argmax())]).item()
+            assert gap < NEAR_TIE_GAP, (prompt, i, gap, a.topk(3))
     assert worst < logits_tolerance, worst
     assert flips <= max_flips, flips
 
