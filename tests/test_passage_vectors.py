@@ -128,3 +128,30 @@ def test_ingest_stores_vectors_and_ask_uses_them(tmp_path):
         docs, passages = lib.load([doc_id])
         lib.retrieve("Which law governs?", docs, passages, 5)
         assert lib._passage_encoder is None  # the vectors made at ingest were used
+
+
+def test_passages_in_a_script_the_encoder_cannot_read_are_left_to_lexical_search():
+    """MiniLM reads English word pieces: a Chinese article is not embedded (its row is zero) and
+    dense retrieval scores only the passages it embedded; a mixed page keeps its vector."""
+    from docqa.pipelines.answer.retrieval import Dense, _dense
+
+    pages = [["第五百七十七条 当事人一方不履行合同义务或者履行合同义务不符合约定的，应当承担继续履行、采取补救措施或者赔偿损失等违约责任。"],
+             ["Article 577. Where a party fails to perform its contractual obligations, it bears liability for breach of contract (违约责任)."]]
+    doc = assemble([RawPage(lines=[RawLine(text=t) for t in p]) for p in pages],
+                   doc_id="cc", content_sha256="6" * 64, path="code.pdf", type="pdf")
+    passages = make_passages(doc)
+    seen = []
+
+    class Recording(HashEncoder):
+        def encode(self, texts):
+            seen.extend(texts)
+            return super().encode(texts)
+
+    vectors = passage_vectors(passages, passage_titles(doc.sections, passages), Recording())
+    chinese = [i for i, p in enumerate(passages) if "第五百七十七条" in p.text]
+    english = [i for i, p in enumerate(passages) if "Article 577" in p.text]
+    assert chinese and english
+    assert not any("第五百七十七条" in t for t in seen)
+    assert not vectors.matrix[chinese].any() and vectors.matrix[english].any()
+    sims = _dense("liability for breach of contract", Dense({"cc": vectors.matrix}, HashEncoder()), ["cc"])
+    assert {i for _, i in sims} == set(english)

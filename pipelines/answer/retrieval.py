@@ -354,13 +354,15 @@ def _statements(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping
 
 
 def _dense(text: str, dense: Dense, doc_ids: Sequence[str]) -> dict[Key, float]:
-    """Every passage's cosine similarity to the question (exact: all of them are scored)."""
+    """Every passage's cosine similarity to the question (exact: all of them are scored), but
+    for zero rows: passages the encoder could not read (`ingest.passages.encoder_reads`)."""
     qv = dense.encoder.encode([text])[0]
     sims: dict[Key, float] = {}
     for doc_id in doc_ids:
         matrix = dense.vectors.get(doc_id)
         if matrix is not None:
-            sims.update(((doc_id, i), float(c)) for i, c in enumerate(matrix @ qv))
+            scores = matrix @ qv
+            sims.update(((doc_id, int(i)), float(scores[i])) for i in np.flatnonzero(matrix.any(axis=1)))
     return sims
 
 

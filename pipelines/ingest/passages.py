@@ -105,14 +105,30 @@ def vector_texts(passages: Sequence[Passage], titles: Sequence[str]) -> list[str
     return [f"{t}: {p.text}" if t else p.text for p, t in zip(passages, titles, strict=True)]
 
 
+def encoder_reads(text: str) -> bool:
+    """Whether the bundled encoder can read a passage: MiniLM's vocabulary is English word
+    pieces, so a passage whose letters are mostly in another script (the Civil Code's Chinese)
+    would be embedded as noise; lexical search alone ranks those."""
+    letters = [c for c in text if c.isalpha()]
+    return not letters or sum(c.isascii() for c in letters) * 2 >= len(letters)
+
+
 def passage_vectors(passages: Sequence[Passage], titles: Sequence[str], encoder: Encoder,
                     on_progress: Callable[[int, int], None] | None = None) -> PassageVectors:
-    """Every passage's embedding, in order; `on_progress(done, total)` after each batch."""
+    """Every passage's embedding, in order, and a zero row for a passage the encoder cannot
+    read (`encoder_reads`; dense retrieval skips zero rows); `on_progress(done, total)` after
+    each batch."""
     texts = vector_texts(passages, titles)
-    parts = []
-    for start in range(0, len(texts), VECTOR_BATCH):
-        parts.append(encoder.encode(texts[start : start + VECTOR_BATCH]))
+    readable = [i for i, p in enumerate(passages) if encoder_reads(p.text)]
+    rows = []
+    for start in range(0, len(readable), VECTOR_BATCH):
+        rows.append(encoder.encode([texts[i] for i in readable[start : start + VECTOR_BATCH]]))
         if on_progress:
-            on_progress(min(start + VECTOR_BATCH, len(texts)), len(texts))
-    matrix = np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
-    return PassageVectors(vectors_name(encoder), matrix.astype(np.float32, copy=False))
+            on_progress(min(start + VECTOR_BATCH, len(readable)), len(readable))
+    if not rows:
+        dim = encoder.encode([""]).shape[1] if texts else 0
+        return PassageVectors(vectors_name(encoder), np.zeros((len(texts), dim), dtype=np.float32))
+    encoded = np.concatenate(rows).astype(np.float32, copy=False)
+    matrix = np.zeros((len(texts), encoded.shape[1]), dtype=np.float32)
+    matrix[readable] = encoded
+    return PassageVectors(vectors_name(encoder), matrix)
