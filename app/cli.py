@@ -409,10 +409,11 @@ def run_json(run) -> dict:
         "status": run.status,
         "citations": [c.model_dump(exclude={"char_start", "char_end"}) for c in cites],
         "evidence": [c.model_dump(exclude={"char_start", "char_end"}) for c in run.evidence],
-        # A withheld answer: what the model wrote and its citations, none supporting it.
-        "draft": ({"answer": run.raw_answer, "citations": [c.model_dump(exclude={"char_start", "char_end"})
-                                                           for c in run.draft_citations]}
-                  if run.draft_citations else None),
+        # A withheld answer (or free text shown only as its quotes): what the model wrote and the
+        # citations it wrote, each with its verdicts.
+        "draft": ({"answer": run.draft, "citations": [c.model_dump(exclude={"char_start", "char_end"})
+                                                      for c in run.draft_citations]}
+                  if run.draft else None),
         "model": run.model,
         "timings": run.timings,
         "run_id": run.id,
@@ -441,6 +442,9 @@ def print_run(run, *, show_draft: bool = False) -> None:
         out.print("citations:")
         for c in run.citations:
             out.print("  " + citation_line(c, multi=multi))
+        if run.draft:  # free text shown as its supporting quotes
+            out.print("(the model's own words are not shown: they state more than these quotes say"
+                      + ("; its draft is below)" if show_draft else "; --show-draft shows them)"))
     elif run.status == "not_found" and run.draft_citations:
         # Withheld: the quotes verify, but none of them answers what was asked.
         out.print("Not found in the document: no quote of the model's answer supports it (each is on its "
@@ -449,16 +453,17 @@ def print_run(run, *, show_draft: bool = False) -> None:
     elif run.status == "not_found":
         out.print("Not found in the document (the model found no answer in the passages it read).")
     elif run.status == "unsupported":
-        out.print("The model's answer could not be verified against the document, so it is not shown.")
+        out.print("The model's answer could not be verified against the document, so it is not shown"
+                  + (" (--show-draft shows it)." if not show_draft else "; its draft is below."))
     if run.evidence:
         out.print()
         out.print("evidence:")
         for i, c in enumerate(run.evidence, 1):
             out.print(f"  {i}. {c.label(with_doc=multi)} {preview(c.quote, run.question, 160)}")
-    if show_draft and run.draft_citations:
+    if show_draft and run.draft:
         out.print()
         out.print("withheld draft (not an answer):")
-        out.print(f"  {short(run.raw_answer or '', 400)}")
+        out.print(f"  {short(run.draft, 400)}")
         for c in run.draft_citations:
             out.print("  " + citation_line(c, multi=multi))
     t = run.timings.get("total_s")

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..pipelines.answer.citations import Citation
-from ..pipelines.answer.qa import Answer
+from ..pipelines.answer.qa import Answer, draft_of
 from .errors import DocqaError
 from .store import Store
 
@@ -45,6 +45,11 @@ class Run(BaseModel):
     created_at: str
     job_id: str | None = None
     item_id: str | None = None
+
+    @property
+    def draft(self) -> str | None:
+        """A withheld answer's text (or free text shown only as its quotes): see qa.draft_of."""
+        return draft_of(self.status, self.raw_answer, self.draft_citations)
 
 
 def new_run_id() -> str:

@@ -101,6 +101,24 @@ def test_abstain_margin_turns_a_quote_into_not_found_with_evidence(ingested):
     assert res["evidence"] and all(c["verified"] for c in res["evidence"])
 
 
+def test_show_draft_shows_a_withheld_free_text_answer(ingested):
+    """Issue 28: a free-text answer that is not shown was lost (`draft` null, --show-draft
+    printed nothing). The default model's free text cites lines its words are not on, so the
+    answer is withheld; its whole text is the run's draft, in --json and under --show-draft."""
+    pdf, db = ingested
+    args = ["ask", str(pdf), QUESTION, "--db", str(db), "--free-text", "--max-tokens", "40", "--budget", "600"]
+    res = json.loads(CliRunner().invoke(app, args + ["--json"]).stdout)
+    assert res["status"] in ("unsupported", "not_found") and res["citations"] == []
+    draft = res["draft"]["answer"]
+    assert draft.strip() and "not found" not in draft.lower()
+    r = CliRunner().invoke(app, args + ["--show-draft"])
+    assert r.exit_code == 0, r.output
+    plain = CliRunner().invoke(app, args).stdout
+    assert "withheld draft" not in plain and "--show-draft" in plain
+    shown = r.stdout[r.stdout.index("withheld draft (not an answer):"):]
+    assert " ".join(draft.split())[:60] in " ".join(shown.split())
+
+
 @pytest.mark.slow
 def test_read_all_second_question_from_another_process_reuses_the_document_kv(tmp_path):
     """`ask --read-all` twice, as two processes: the second prefills only what is not in the
