@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..pipelines.answer.prompt import READ_ALL_PROMPT, document_for_model
+from ..pipelines.answer.prompt import READ_ALL_PROMPT, document_for_model, question_block
 from ..pipelines.document import Document
 from ..pipelines.answer.qa import Generate
 from ..pipelines.answer.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
@@ -182,7 +182,7 @@ def read_all_messages(doc: Document, question: str) -> list[dict[str, str]]:
     """The whole document, then the question last: everything before the question is the same
     for every question on the document, which is what prefix caches reuse."""
     return [{"role": "system", "content": READ_ALL_PROMPT},
-            {"role": "user", "content": document_for_model(doc) + "\n\nQuestion: " + question}]
+            {"role": "user", "content": document_for_model(doc) + "\n\n" + question_block(question)}]
 
 
 def read_all_remote(remote: RemoteModel, doc: Document, question: str, settings: AskSettings,
