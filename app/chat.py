@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from . import config
-from .clikit import cli_errors, db_option, err, json_option, open_store
+from .clikit import cli_errors, db_option, err, json_option, open_store, out, printable, terminal_safe
 
 if TYPE_CHECKING:  # `docqa --help` must not import the model stack
     from .runs import Run
@@ -91,22 +91,27 @@ def register(app) -> None:
 
         Example: docqa chat contract.pdf --read-all
         """
-        from .service import AskSettings
         from .cli import print_run, run_json
+        from .ingest import resolve_or_ingest
+        from .models import check_ask
+        from .service import AskSettings
 
         settings = AskSettings(model=model, evidence_only=evidence_only, read_all=read_all, quote=not free_text,
                                max_tokens=max_tokens, device=device)
+        check_ask(settings)
         interactive = sys.stdin.isatty() and not as_json
         stream = err.is_terminal and not as_json and not evidence_only
 
         def on_token(delta: str) -> None:
-            err.file.write(delta)
+            err.file.write(terminal_safe(delta))
             err.file.flush()
 
         with open_store(db) as store:
+            refs = resolve_or_ingest(store, refs, on_file=lambda p: err.print(
+                f"ingesting {printable(str(p))} first (not in the database yet)"))
             session = ChatSession(store, refs, settings)
             if interactive:
-                names = ", ".join(d.title or d.doc_id for d in session.docs.values())
+                names = ", ".join(printable(d.title or d.doc_id) for d in session.docs.values())
                 err.print(f"chat over {names}" + (f" (model loaded in {session.model_s:.1f} s)" if session.model_s else "")
                           + "; one question per line, 'quit' or Ctrl-D ends.")
 
@@ -119,6 +124,8 @@ def register(app) -> None:
 
             iter_stdin = iter(sys.stdin)
             for q in questions(lines()):
+                if not (interactive or as_json):  # read from a pipe: each answer under its question
+                    out.print(f"? {printable(q)}")
                 if stream:
                     err.print("draft (unverified): ", end="")
                 run = session.ask(q, on_token=on_token if stream else None)

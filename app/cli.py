@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest.chunks import SEGMENT_TOKENS
+from ..pipelines.ingest import SEGMENT_TOKENS
 from . import config
+from .errors import DocqaError
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, IngestProgress, cli_errors, collect_files, db_option,
-                     err, error_line, json_option, open_store, out, print_json, printable, short)
+                     err, error_line, json_option, open_store, out, print_json, printable, short,
+                     terminal_safe)
 
 app = typer.Typer(
     name="docqa",
@@ -50,7 +51,11 @@ def _main(
     _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                     help="Print the version and exit.")] = False,
 ) -> None:
-    pass
+    try:
+        config.check_environment()
+    except DocqaError as e:
+        error_line(str(e))
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 @app.command()
@@ -94,6 +99,8 @@ def ingest(
                 failed += 1
                 results.append({"path": str(f), "error": e.reason})
                 error_line(str(e))
+            except DocqaError:  # the store (busy, damaged) or a setting: every later file would fail too
+                raise
             except Exception as e:
                 if config.debug():
                     raise
@@ -136,7 +143,7 @@ def docs(db: db_option = None, as_json: json_option = False) -> None:
 
     Example: docqa docs --json
     """
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         infos = store.list_documents()
     if as_json:
         print_json([asdict(i) for i in infos])
@@ -170,7 +177,7 @@ def show(
     """
     from ..pipelines.ingest.ocr import ocr_note
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         if page is not None:
             doc_id, pg = store.get_page(doc, page)
             _show_page(doc_id, pg, as_json, ocr_note(store.metadata(doc_id), page))
@@ -193,13 +200,15 @@ def show(
         for s in secs:
             head = f"{s.number} " if s.number else ""
             where = f"p{s.span.page}:{s.span.line_start}-p{s.span.page_end}:{s.span.line_end}"
-            out.print(f"{'  ' * (s.level - 1)}{s.id:<6} {head}{s.title}  [{where}]")
+            out.print(f"{'  ' * (s.level - 1)}{s.id:<6} {head}{printable(s.title)}  [{where}]")
     if ancs is not None:
+        from rich.table import Table
+
         table = Table(box=None, header_style="bold")
         for col in ("type", "subtype", "text", "value", "page:line", "section"):
             table.add_column(col)
         for a in ancs:
-            table.add_row(a.type, a.subtype or "", Text(a.text), Text(a.value),
+            table.add_row(a.type, a.subtype or "", Text(printable(a.text)), Text(printable(a.value)),
                           f"{a.span.page}:{a.span.line_start}", a.section_id or "")
         out.print(table)
 
@@ -223,9 +232,10 @@ def _show_info(info, as_json: bool) -> None:
         return
     for key in ("doc_id", "type", "title", "pages", "sections", "anchors", "segments",
                 "ingested_at"):
-        out.print(f"{key:<12} {getattr(info, key)}")
+        value = getattr(info, key)
+        out.print(f"{key:<12} {printable(value) if isinstance(value, str) else value}")
     for p in info.paths:
-        out.print(f"{'path':<12} {p}")
+        out.print(f"{'path':<12} {printable(p)}")
 
 
 @app.command()
@@ -264,9 +274,9 @@ def ask(
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Longest answer, in tokens.")] = config.AskSettings.max_tokens,
     budget: Annotated[int, typer.Option("--budget", min=256, help="Context budget in tokens.")] = config.AskSettings.budget_tokens,
     abstain_margin: Annotated[
-        Optional[float], typer.Option("--abstain-margin", help="Quote only when the model's log-odds of quoting over "
-                                      "'Not found in the document.' exceed this [default: see README]")
-    ] = None,
+        float, typer.Option("--abstain-margin", help="Quote only when the model's log-odds of quoting over "
+                            "'Not found in the document.' exceed this (0: the model's bare preference).")
+    ] = config.AskSettings.abstain_margin,
     subject_check: Annotated[
         bool, typer.Option("--subject-check/--no-subject-check", help="Withhold an answer none of whose quotes "
                            "supports it: names the question's subject and, for a numeric question, holds a figure "
@@ -292,6 +302,7 @@ def ask(
     Example: docqa ask contract.pdf "What is the notice period for termination?"
     Example: docqa ask 10k.pdf "What were total revenues in 2022?" --model openai:http://127.0.0.1:8080/v1
     """
+    from .ingest import resolve_or_ingest
     from .service import AskSettings, Runtime, ask as run_ask
 
     if len(args) < 2:
@@ -299,24 +310,29 @@ def ask(
     *refs, question = args
     if not question.strip():
         raise typer.BadParameter("the question is empty")
-    margin = {} if abstain_margin is None else {"abstain_margin": abstain_margin}
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
                            budget_tokens=budget, read_all=read_all, quote=not free_text, device=device,
                            subject_check=subject_check, thinking=False if no_thinking else None,
-                           reasoning_effort=reasoning_effort.value if reasoning_effort else None, **margin)
+                           reasoning_effort=reasoning_effort.value if reasoning_effort else None,
+                           abstain_margin=abstain_margin)
     if map_reduce and (evidence_only or read_all):
         raise typer.BadParameter("--map-reduce needs a model and reads segments itself")
+    from .models import check_ask
+
+    check_ask(settings)
     # On a terminal the draft streams, and until its first token a spinner shows the step;
     # elsewhere (a log, a pipe) each step is a line. --quiet and --json show neither.
     show = not (quiet or as_json)
     stream = show and err.is_terminal and not evidence_only and not map_reduce
     with open_store(db) as store, StepProgress(err, enabled=show and not (map_reduce or evidence_only)) as progress:
+        refs = resolve_or_ingest(store, refs, on_file=lambda p: show and err.print(
+            f"ingesting {printable(str(p))} first (not in the database yet)"))
 
         def on_token(delta: str) -> None:
             if progress.active:
                 progress.stop()
                 err.print("draft (unverified): ", end="")
-            err.file.write(delta)
+            err.file.write(terminal_safe(delta))
             err.file.flush()
 
         if map_reduce:
@@ -434,6 +450,7 @@ def citation_line(c, *, multi: bool = False) -> str:
 
 def print_run(run, *, show_draft: bool = False) -> None:
     from ..pipelines.answer.query import preview
+    from .runs import model_label
 
     multi = len(run.doc_ids) > 1
     if run.status == "answered":
@@ -468,7 +485,7 @@ def print_run(run, *, show_draft: bool = False) -> None:
             out.print("  " + citation_line(c, multi=multi))
     t = run.timings.get("total_s")
     out.file.flush()
-    err.print(f"run {run.id}" + (f"  model {Path(run.model).name}" if run.model else "")
+    err.print(f"run {run.id}" + (f"  model {model_label(run.model)}" if run.model else "")
               + (f"  {t:.1f} s" if t else ""))
 
 
@@ -485,7 +502,7 @@ def runs(
     """
     from .runs import list_runs
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         items = list_runs(store, limit=limit)
     if as_json:
         print_json([run_json(r) | {"created_at": r.created_at, "job_id": r.job_id} for r in items])

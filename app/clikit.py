@@ -18,7 +18,6 @@ from rich.console import Console
 
 from . import config
 from .errors import DocqaError
-from .ingest import STDIN
 
 if TYPE_CHECKING:
     from .store import Store
@@ -28,9 +27,21 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # a typed error, or some files failed to ingest while others succeeded
 EXIT_NOTHING_INGESTED = 3  # every file failed, or no ingestible file was found
 
-# Document text is data: never let rich interpret brackets in it as markup.
-out = Console(highlight=False, markup=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+class TextConsole(Console):
+    """A console for text that is data (document text, names, titles, answers): brackets are
+    never markup, `:name:` never an emoji, and a control character in a printed string is
+    written as an escape (`terminal_safe`), so no document, file name or answer drives the
+    terminal. Rich `Text` (tables) is built from escaped strings by its makers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(highlight=False, markup=False, emoji=False, soft_wrap=True, **kwargs)
+
+    def print(self, *objects, **kwargs) -> None:
+        super().print(*(terminal_safe(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
+out = TextConsole()
+err = TextConsole(stderr=True)
 
 db_option = Annotated[
     Optional[Path],
@@ -48,20 +59,40 @@ json_option = Annotated[bool, typer.Option("--json", help="Machine-readable JSON
 # `docqa --help`, `docs` and `show` must not pay for torch (see bench/startup.py).
 
 
-def open_store(db: Path | None) -> Store:
+def open_store(db: Path | None, *, write: bool = True) -> Store:
+    """The database of `--db` (else the default). A damaged one is refused for a command that
+    writes (`StoreDamaged`, before any work) and read with a one-line warning otherwise."""
+    from .errors import StoreDamaged
     from .store import Store
 
-    return Store(db if db is not None else config.default_db_path())
+    store = Store(db if db is not None else config.default_db_path())
+    if store.damage is not None:
+        if write:
+            store.close()
+            raise StoreDamaged(store.path, store.damage)
+        err.print(f"warning: database {printable(str(store.path))} is damaged ({printable(store.damage)}): what is "
+                  "read from it may be incomplete or wrong, and docqa will not write to it")
+    return store
 
 
 _CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), *range(0x7f, 0xa0))} | {
     0x09: "\\t", 0x0a: "\\n", 0x0d: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
+_CONTROL_BUT_LINES = {k: v for k, v in _CONTROL.items() if k not in (0x09, 0x0a)}
+
+
 def printable(text: str) -> str:
     """Control characters written as escapes (`\\n`, `\\x1b`): a file name with a newline must
-    not split a one-line message, nor one with ANSI codes drive the terminal."""
+    not split a one-line message, nor one with ANSI codes drive the terminal. For every
+    stored name and title, and anything shown on one line."""
     return text.translate(_CONTROL)
+
+
+def terminal_safe(text: str) -> str:
+    """As `printable`, but newlines and tabs kept: for text of several lines (an answer, a
+    page). What `out` and `err` do to every string they print."""
+    return text.translate(_CONTROL_BUT_LINES)
 
 
 def error_line(message: str) -> None:
@@ -97,6 +128,7 @@ def collect_files(paths: list[Path]) -> list[Path]:
     """Files named directly (any type: an unsupported one is then reported) and, below
     folders, the files with a supported extension, sorted, skipping hidden ones."""
     from ..pipelines.ingest.source import EXTENSIONS
+    from .ingest import STDIN
 
     found: list[Path] = []
     for p in paths:

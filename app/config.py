@@ -1,5 +1,5 @@
 """The app's settings from the environment: every `DOCQA_*` / `XDG_*` variable the app layer
-reads is read here, and nowhere else (the engine's are read in engine/environment.py).
+reads is read here, and nowhere else (the engine's are read in engine/settings.py).
 
     DOCQA_DB               the database file (else $XDG_DATA_HOME/docqa/docqa.db)
     DOCQA_MAX_FILE_BYTES   the ingest size limit (else pipelines/ingest/source.py's DEFAULT_MAX_BYTES)
@@ -16,10 +16,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..pipelines.ingest.source import DEFAULT_MAX_BYTES
 from .errors import DocqaError
 
-BUSY_TIMEOUT_S = 10.0
+# How long a write waits for another process's write to finish before saying the database is
+# busy (README, "Using it"): a long ingest or review holds the lock only while it stores each
+# record or answer, so more than a minute means something else holds it.
+BUSY_TIMEOUT_S = 60.0
 
 
 def default_db_path() -> Path:
@@ -33,18 +35,31 @@ def default_db_path() -> Path:
 
 def max_file_bytes() -> int:
     """The ingest size limit; `DOCQA_MAX_FILE_BYTES` lowers or raises it (tests use a tiny one)."""
+    from ..pipelines.ingest.source import DEFAULT_MAX_BYTES  # not at import: it loads the document models
+
+    return _env_max_file_bytes() or DEFAULT_MAX_BYTES
+
+
+def _env_max_file_bytes() -> int | None:
     env = os.environ.get("DOCQA_MAX_FILE_BYTES")
-    if env:
-        try:
-            value = int(env)
-        except ValueError:
-            raise DocqaError(
-                f"DOCQA_MAX_FILE_BYTES must be a whole number of bytes, not {env!r}"
-            ) from None
-        if value <= 0:
-            raise DocqaError("DOCQA_MAX_FILE_BYTES must be positive")
-        return value
-    return DEFAULT_MAX_BYTES
+    if not env:
+        return None
+    try:
+        value = int(env)
+    except ValueError:
+        raise DocqaError(f"DOCQA_MAX_FILE_BYTES must be a whole number of bytes, not {env!r}") from None
+    if value <= 0:
+        raise DocqaError("DOCQA_MAX_FILE_BYTES must be positive")
+    return value
+
+
+def check_environment() -> None:
+    """Every variable with a value to check, the app's and the engine's, read once when a
+    command starts: a bad one is one line naming it before any work, not a failure later."""
+    from ..engine.settings import check_environment as check_engine
+
+    _env_max_file_bytes()
+    check_engine()
 
 
 def debug() -> bool:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .clikit import cli_errors, db_option, err, json_option, open_store, out, print_json
+from .clikit import cli_errors, db_option, err, json_option, open_store, out, print_json, printable
 
 
 def rename(
@@ -26,7 +26,7 @@ def rename(
     if as_json:
         print_json({"doc_id": did, "title": info.title})
     else:
-        out.print(f"{did}  {info.title}")
+        out.print(f"{did}  {printable(info.title)}")
 
 
 def rm(

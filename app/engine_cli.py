@@ -85,6 +85,8 @@ def generate(
         raise typer.BadParameter("--no-thinking and --reasoning-effort go to the chat template: add --chat")
     from docqa.engine.chat import ThinkingTracker
 
+    from .models import check_max_tokens
+
     engine = _load(model, device, dtype)
     if speculative is not None:
         engine.speculative = speculative
@@ -92,6 +94,7 @@ def generate(
     ids = (engine.chat_prompt(prompt, thinking=False if no_thinking else None,
                               reasoning_effort=reasoning_effort.value if reasoning_effort else None) if chat
            else engine.tokenizer.encode(prompt))
+    check_max_tokens(max_tokens, engine.config.max_position)
     in_thinking = ThinkingTracker(engine.tokenizer, ids)
 
     def stream(token, delta):
@@ -194,7 +197,7 @@ def bench(
 
     Example: docqa engine bench --device cuda --context 131072 --json
     """
-    from docqa.engine.generate import benchmark, context_benchmark
+    from docqa.engine.benchmark import benchmark, context_benchmark
 
     engine = _load(model, device, dtype)
     if context:
@@ -207,7 +210,7 @@ def bench(
     elif context:
         typer.echo(f"context {res['context']} tokens on {res['device']} ({res['dtype']}, {res['state']}): "
                    f"prefill {res['prefill_s']:.2f} s ({res['prefill_tok_s']:,.0f} tok/s), "
-                   f"decode {res['decode_ms']:.2f} ms/token, first token {res['first_token_s'] * 1e3:.1f} ms")
+                   f"decode {res['decode_ms_per_token']:.2f} ms/token, first token {res['first_token_s'] * 1e3:.1f} ms")
     else:
         for n, rate in res["prefill"].items():
             typer.echo(f"prefill {n:>5} tokens: {rate:8.1f} tok/s")

@@ -4,9 +4,12 @@ prints any of them as one line on stderr and exits non-zero; anything else is a 
 
 from __future__ import annotations
 
+import shlex
+
 from ..errors import DocqaError
 
-__all__ = ["DocqaError", "DocumentNotFound", "AmbiguousDocument", "PageOutOfRange", "StoreError"]
+__all__ = ["DocqaError", "DocumentNotFound", "AmbiguousDocument", "PageOutOfRange", "StoreError", "StoreBusy",
+           "StoreDamaged"]
 
 
 class DocumentNotFound(DocqaError):
@@ -30,3 +33,20 @@ class PageOutOfRange(DocqaError):
 
 class StoreError(DocqaError):
     """The database file cannot be opened or is not a docqa database."""
+
+
+class StoreBusy(StoreError):
+    """Another process has held the database's write lock for longer than we wait."""
+
+    def __init__(self, path, waited_s: float):
+        super().__init__(f"database {path} is busy: another process has been writing to it for over "
+                         f"{waited_s:.0f} s; try again when it has finished")
+
+
+class StoreDamaged(StoreError):
+    """SQLite's own check finds the file damaged: docqa reads it with a warning, never writes."""
+
+    def __init__(self, path, problem: str):
+        self.path, self.problem = path, problem
+        super().__init__(f"database {path} is damaged ({problem}); docqa will not write to it. Save what "
+                         f"it still holds with: sqlite3 {shlex.quote(str(path))} .recover | sqlite3 recovered.db")

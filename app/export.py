@@ -7,6 +7,10 @@ PDF viewers open at the page), `file:///…/rfc9110.html#<element id>` for HTML.
 text is data: the HTML template escapes everything (jinja2 autoescape) and its
 Content-Security-Policy forbids scripts and any external load; Markdown escapes `<`, `>`
 and `&` so a renderer cannot turn a quote into markup.
+
+Reports are for handing on: a summary table of the items first, then per item its answer and
+its best citation (with the quote), and the rest of the evidence after it — one line each in
+Markdown, collapsed in HTML. JSON keeps every citation in full.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from ..pipelines.answer.citations import Citation
 from ..pipelines.ingest.html import link_target
 from .errors import DocqaError
 from .jobs import JobError, get_job, job_runs
-from .runs import Run, RunNotFound, get_run
+from .runs import Run, RunNotFound, get_run, model_label
 from .store import Store
 
 Format = Literal["md", "html", "json"]
@@ -59,6 +63,22 @@ class Row:
     draft: str | None = None  # a withheld answer: what the model wrote, none of its citations supporting it
     draft_citations: list[CitationView] = field(default_factory=list)
 
+    def best(self) -> CitationView | None:
+        """The one citation shown with the answer: a supporting one, else the answer's first,
+        else (no answer) the top evidence."""
+        return next((c for c in self.citations if c.supports), None) or next(iter(self.citations + self.evidence), None)
+
+    def rest(self) -> list[CitationView]:
+        """Every other citation and passage of evidence, in order, each place once."""
+        best, seen, out = self.best(), set(), []
+        for c in self.citations + self.evidence:
+            key = (c.doc_id, c.page, c.section_id, c.line_start, c.line_end)
+            if c is not best and key not in seen and (best is None or key != (best.doc_id, best.page, best.section_id,
+                                                                           best.line_start, best.line_end)):
+                seen.add(key)
+                out.append(c)
+        return out
+
 
 @dataclass
 class DocReport:
@@ -66,6 +86,11 @@ class DocReport:
     path: str
     title: str | None
     rows: list[Row]
+    removed: bool = False  # removed from the database since (`docqa rm`); its path and title are gone
+
+    @property
+    def name(self) -> str:
+        return f"{self.doc_id} (removed)" if self.removed else self.title or Path(self.path).name
 
 
 @dataclass
@@ -140,9 +165,8 @@ def build_report(store: Store, ref: str) -> Report:
         runs = job_runs(store, job.id)
         docs = []
         for doc_id, path in job.documents:
-            info = store.info(doc_id)
             rows = [_row(store, runs.get((doc_id, it.id)), doc_cache, item=it) for it in job.checklist.items]
-            docs.append(DocReport(doc_id=doc_id, path=path, title=info.title, rows=rows))
+            docs.append(DocReport(doc_id=doc_id, path=path, title=store.info(doc_id).title, rows=rows))
         return Report(kind="job", id=job.id, title=f"Review {job.id}", checklist=job.checklist.name,
                       settings=job.settings, created_at=job.created_at, documents=docs)
     try:
@@ -151,9 +175,12 @@ def build_report(store: Store, ref: str) -> Report:
         raise DocqaError(f"no job or run named {ref!r} (see `docqa runs` or `docqa browse`)") from None
     docs = []
     for i, doc_id in enumerate(run.doc_ids):
-        info = store.info(doc_id)
         rows = [_row(store, run, doc_cache)] if i == 0 else []
-        docs.append(DocReport(doc_id=doc_id, path=info.path, title=info.title, rows=rows))
+        if store.has(doc_id):
+            info = store.info(doc_id)
+            docs.append(DocReport(doc_id=doc_id, path=info.path, title=info.title, rows=rows))
+        else:  # a run over several documents outlives one removed since (its citations went with it)
+            docs.append(DocReport(doc_id=doc_id, path="", title=None, rows=rows, removed=True))
     return Report(kind="run", id=run.id, title=f"Answer {run.id}", checklist=None,
                   settings=run.settings, created_at=run.created_at, documents=docs)
 
@@ -181,33 +208,99 @@ def _md_quote(text: str) -> str:
     return "\n".join("> " + _md_escape(line) for line in text.splitlines() or [""])
 
 
+def _short(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _md_cell(text: str) -> str:
+    return _md_escape(text).replace("|", "\\|")
+
+
+def _verdict(c: CitationView) -> str:
+    return " (UNVERIFIED)" if not c.verified else " (does not support)" if c.supports is False else ""
+
+
+def _md_link(c: CitationView) -> str:
+    return f"[{c.label}]({c.href})" if c.href else c.label
+
+
+def summary_table(report: Report) -> tuple[list[DocReport], list[tuple[str, list[Row | None]]]]:
+    """The items × documents table a report opens with: (documents, [(item, its row in each
+    document)]); empty for a report of one answer."""
+    docs = [d for d in report.documents if d.rows]
+    if sum(len(d.rows) for d in docs) < 2:
+        return [], []
+    items = [(r.item_id or _short(r.question, 60), [d.rows[i] if i < len(d.rows) else None for d in docs])
+             for i, r in enumerate(docs[0].rows)]
+    return docs, items
+
+
+def _summary_cell(r: Row | None) -> str:
+    """One item of one document in the Markdown summary: its status, the answer's start, and
+    where its best citation is."""
+    if r is None:
+        return ""
+    best = r.best()
+    where = f" ({best.label})" if best and r.status in ("answered", "evidence_only") else ""
+    if r.answer and r.status == "answered":
+        return f"**answered**: {_md_cell(_short(r.answer, 90))}{where}"
+    return f"{r.status.replace('_', ' ')}{where}"
+
+
+def _md_summary(report: Report) -> list[str]:
+    docs, items = summary_table(report)
+    if not items:
+        return []
+    out = ["## Summary", "", "| Item | " + " | ".join(_md_cell(d.name) for d in docs) + " |",
+           "| --- |" + " --- |" * len(docs)]
+    out += [f"| {_md_cell(item)} | " + " | ".join(_summary_cell(r) for r in rows) + " |" for item, rows in items]
+    return out + [""]
+
+
+# How much of a quote a report shows: of the best citation, and of each further passage (centred
+# on the lines that hold the question's words). JSON keeps them whole.
+BEST_CHARS, MORE_CHARS = 500, 120
+
+
 def to_markdown(report: Report) -> str:
+    from ..pipelines.answer.query import preview
+
     out = [f"# {_md_escape(report.title)}", ""]
     if report.checklist:
         out.append(f"Checklist: `{report.checklist}`  ")
     mode = "evidence only (no model)" if report.settings.get("evidence_only") else (
-        f"model {report.settings.get('model') or 'default'}")
-    out += [f"Mode: {mode}  ", f"Created: {report.created_at}  ",
+        f"model {model_label(report.settings.get('model')) if report.settings.get('model') else 'default'}")
+    out += [f"Mode: {_md_escape(mode)}  ", f"Created: {report.created_at}  ",
             "Counts: " + ", ".join(f"{k} {v}" for k, v in report.counts().items()), ""]
+    out += _md_summary(report)
     for d in report.documents:
-        name = d.title or Path(d.path).name
-        out += [f"## {_md_escape(name)}", "", f"`{d.doc_id}` — {_md_escape(d.path)}", ""]
+        where = "removed from the database since" if d.removed else _md_escape(d.path)
+        out += [f"## {_md_escape(d.name)}", "", f"`{d.doc_id}` — {where}", ""]
         for r in d.rows:
-            head = f"### {r.item_id}: " if r.item_id else "### "
-            out += [head + _md_escape(r.question), "", f"Status: **{r.status}**", ""]
-            if r.answer:
-                out += [_md_escape(r.answer), ""]
+            head = f"### {_md_escape(r.item_id)} — " if r.item_id else "### "
+            out += [head + _md_escape(r.question), ""]
+            best = r.best()
+            if r.answer and r.status == "answered":
+                out += [f"**Answer:** {_md_escape(r.answer)}", ""]
+            elif r.status == "evidence_only":
+                out += ["**Evidence only** (no model): the best-ranked passage is cited.", ""]
+            else:
+                out += [f"**{r.status.replace('_', ' ').capitalize()}.**"
+                        + (" Closest passage:" if best else ""), ""]
+            if best:
+                out += [f"Citation: {_md_link(best)} `{best.marker}`{_verdict(best)}", "",
+                        _md_quote(preview(best.quote, r.question, BEST_CHARS)), ""]
             if r.draft:
-                out += ["Withheld draft (its quotes verify but none supports an answer):", "", _md_quote(r.draft), ""]
-            for title, cites in (("Citations", r.citations), ("Evidence", r.evidence),
-                                 ("Draft citations", r.draft_citations)):
-                if not cites:
-                    continue
-                out += [f"{title}:", ""]
-                for c in cites:
-                    link = f"[{c.label}]({c.href})" if c.href else c.label
-                    flag = " (UNVERIFIED)" if not c.verified else " (does not support)" if c.supports is False else ""
-                    out += [f"- {link} `{c.marker}`{flag}", "", _md_quote(c.quote), ""]
+                out += ["Withheld draft (its quotes verify but none supports an answer): "
+                        + _md_escape(_short(r.draft, 300)), ""]
+            rest = r.rest() + r.draft_citations
+            if rest:
+                out += [f"<details><summary>Further evidence ({len(rest)})</summary>", ""]
+                # labels without links: each would repeat the file's URL (the best citation has it)
+                out += [f"- {c.label}{_verdict(c)}: {_md_escape(preview(c.quote, r.question, MORE_CHARS))}"
+                        for c in rest]
+                out += ["", "</details>", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -227,7 +320,9 @@ h2 { font-size: 1.15rem; margin: 2rem 0 .3rem; border-bottom: 2px solid #d9dee7;
 table { border-collapse: collapse; width: 100%; margin-top: .6rem; }
 th, td { text-align: left; vertical-align: top; padding: .45rem .55rem; border-bottom: 1px solid #e3e7ee; }
 th { background: #f3f5f9; font-size: .85rem; text-transform: uppercase; letter-spacing: .03em; color: #4a5366; }
-td.item { width: 24%; } td.answer { width: 30%; white-space: pre-wrap; }
+td.item { width: 22%; } td.answer { width: 50%; white-space: pre-wrap; }
+.scroll { overflow-x: auto; } table.summary td { font-size: .86rem; } a.jump { text-decoration: none; }
+.best { margin-top: .35rem; white-space: normal; } details summary { cursor: pointer; }
 .id { font-family: ui-monospace, Menlo, monospace; font-size: .8rem; color: #5b6475; display: block; }
 .badge { display: inline-block; border-radius: 9px; padding: 0 .5rem; font-size: .78rem; font-weight: 600; }
 .answered { background: #dff3e4; color: #1b6b34; } .evidence_only { background: #e3ecfa; color: #24508f; }
@@ -244,29 +339,39 @@ blockquote { margin: .15rem 0 0; padding: .2rem .6rem; border-left: 3px solid #c
 </style>
 </head>
 <body>
+{% macro cite(c) %}{% if c.href %}<a href="{{ c.href }}">{{ c.label }}</a>{% else %}<b>{{ c.label }}</b>{% endif %} <span class="marker">{{ c.marker }}</span>{% if not c.verified %} <span class="unverified">UNVERIFIED</span>{% elif c.supports == false %} <span class="unverified">does not support</span>{% endif %}{% endmacro %}
 <h1>{{ r.title }}</h1>
 <div class="meta">
 {% if r.checklist %}checklist <b>{{ r.checklist }}</b> · {% endif %}{{ mode }} · created {{ r.created_at }} · {{ r.documents|length }} document(s)
 </div>
 <div class="meta counts">{% for k, v in r.counts().items() %}<span class="badge {{ k }}">{{ k }} {{ v }}</span>{% endfor %}</div>
-{% for d in r.documents %}{% if d.rows %}
-<h2>{{ d.title or name(d.path) }}</h2>
-<div class="docid">{{ d.doc_id }} · {{ d.path }}</div>
-<table>
-<thead><tr><th>Item</th><th>Answer</th><th>Citations</th></tr></thead>
+{% if items %}
+<h2>Summary</h2>
+<div class="scroll"><table class="summary">
+<thead><tr><th>Item</th>{% for d in docs %}<th>{{ d.name }}</th>{% endfor %}</tr></thead>
 <tbody>
-{% for row in d.rows %}
-<tr class="{{ 'conflict' if row.kind == 'conflict' and row.status == 'answered' else '' }}">
+{% for item, rows in items %}<tr><td class="item"><span class="id">{{ item }}</span></td>
+{% for row in rows %}<td>{% if row %}{% set best = row.best() %}<a class="jump" href="#{{ anchor(docs[loop.index0], row) }}"><span class="badge {{ row.status }}">{{ row.status }}</span></a>
+{% if row.answer and row.status == 'answered' %} {{ row.answer | truncate(90) }}{% endif %}{% if best and row.status in ('answered', 'evidence_only') %} <span class="muted">{{ best.label }}</span>{% endif %}{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</tbody>
+</table></div>
+{% endif %}
+{% for d in r.documents %}{% if d.rows %}
+<h2>{{ d.name }}</h2>
+<div class="docid">{{ d.doc_id }} · {{ 'removed from the database since' if d.removed else d.path }}</div>
+<table>
+<thead><tr><th>Item</th><th>Answer and its best citation</th><th>Further evidence</th></tr></thead>
+<tbody>
+{% for row in d.rows %}{% set best = row.best() %}{% set rest = row.rest() %}
+<tr id="{{ anchor(d, row) }}" class="{{ 'conflict' if row.kind == 'conflict' and row.status == 'answered' else '' }}">
 <td class="item">{% if row.item_id %}<span class="id">{{ row.item_id }}{% if row.type %} · {{ row.type }}{% endif %}</span>{% endif %}{{ row.question }}</td>
 <td class="answer"><span class="badge {{ row.status }}">{{ row.status }}</span>
-{% if row.answer %}{{ row.answer }}{% elif row.status == 'evidence_only' %}<span class="muted">ranked evidence, no model</span>{% endif %}
+{% if row.answer %}{{ row.answer }}{% elif row.status == 'evidence_only' %}<span class="muted">no model: the best-ranked passage</span>{% elif best %}<span class="muted">closest passage</span>{% endif %}
+{% if best %}<div class="best">{{ cite(best) }}<blockquote>{{ preview(best.quote, row.question, best_chars) }}</blockquote></div>{% endif %}
 {% if row.draft %}<details><summary class="muted">withheld draft (no citation supports it)</summary>{{ row.draft }}{% for c in row.draft_citations %}<blockquote>{{ c.label }}: {{ c.quote | truncate(240) }}</blockquote>{% endfor %}</details>{% endif %}</td>
-<td><ul class="cites">
-{% for c in (row.citations or row.evidence)[:limit] %}
-<li>{% if c.href %}<a href="{{ c.href }}">{{ c.label }}</a>{% else %}<b>{{ c.label }}</b>{% endif %} <span class="marker">{{ c.marker }}</span>{% if not c.verified %} <span class="unverified">UNVERIFIED</span>{% elif c.supports == false %} <span class="unverified">does not support</span>{% endif %}
-<blockquote>{{ c.quote | truncate(360) }}</blockquote></li>
-{% endfor %}
-</ul></td>
+<td>{% if rest %}<details><summary class="muted">{{ rest|length }} more</summary><ul class="cites">
+{% for c in rest %}<li>{{ cite(c) }}<blockquote>{{ preview(c.quote, row.question, more_chars) }}</blockquote></li>
+{% endfor %}</ul></details>{% endif %}</td>
 </tr>
 {% endfor %}
 </tbody>
@@ -279,11 +384,15 @@ blockquote { margin: .15rem 0 0; padding: .2rem .6rem; border-left: 3px solid #c
 _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 
 
-def to_html(report: Report, *, citations_per_row: int = 3) -> str:
+def to_html(report: Report) -> str:
+    from ..pipelines.answer.query import preview
+
     mode = "evidence only (no model)" if report.settings.get("evidence_only") else (
-        f"model {Path(str(report.settings.get('model'))).name if report.settings.get('model') else 'default'}")
-    return _ENV.from_string(_HTML).render(r=report, mode=mode, limit=citations_per_row,
-                                          name=lambda p: Path(p).name)
+        f"model {model_label(report.settings.get('model')) if report.settings.get('model') else 'default'}")
+    docs, items = summary_table(report)
+    return _ENV.from_string(_HTML).render(
+        r=report, mode=mode, docs=docs, items=items, preview=preview, best_chars=BEST_CHARS, more_chars=2 * MORE_CHARS,
+        anchor=lambda d, row: f"{d.doc_id}-{row.item_id or row.run_id or 'answer'}")
 
 
 def export(store: Store, ref: str, fmt: Format) -> str:
@@ -327,7 +436,7 @@ def summary_view(store: Store, run: Run, summary) -> dict:
 
 def summary_markdown(v: dict) -> str:
     out = [f"# {_md_escape(v['title'])}", "", f"Run `{v['id']}` · {v['created_at']} · model "
-           f"{_md_escape(Path(v['model']).name) if v['model'] else 'none (evidence only)'}  ",
+           f"{_md_escape(model_label(v['model']))}  ",
            "Documents: " + "; ".join(f"`{d['doc_id']}` {_md_escape(d['title'] or Path(d['path']).name)}"
                                      for d in v["documents"]) + "  ",
            f"Every sentence cites verified lines; {v['dropped_sentences']} sentence(s) dropped without a citation.", ""]
@@ -374,7 +483,7 @@ blockquote { margin: .2rem 0; padding: .2rem .6rem; border-left: 3px solid #c7d2
 
 
 def summary_html(v: dict) -> str:
-    model = Path(v["model"]).name if v["model"] else "none (evidence only)"
+    model = model_label(v["model"])
     return _ENV.from_string(_SUMMARY_HTML).render(v=v, model=model, name=lambda p: Path(p).name)
 
 

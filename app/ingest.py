@@ -11,11 +11,12 @@ both in this process; an executor whose workers do not share the database runs
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..pipelines.errors import IngestError
-from ..pipelines.ingest.chunks import SEGMENT_TOKENS
+from ..pipelines.ingest import SEGMENT_TOKENS
 from ..pipelines.ingest.source import Source, detect_type, doc_id_for, load
 from . import config
 
@@ -99,3 +100,23 @@ def parse_source(source: Source) -> dict:
         return {"record": build_record(source)}
     except IngestError as e:
         return {"error": str(e)}
+
+
+def resolve_or_ingest(store: Store, refs: list[str], on_file: Callable[[Path], None] | None = None) -> list[str]:
+    """The doc ids of `ask`'s and `chat`'s documents: a reference the store does not know that
+    names a file on disk is ingested first (as `review` does with new files; `on_file(path)`
+    before each); any other resolves, or fails, as `Store.resolve` says."""
+    from .errors import DocumentNotFound
+
+    ids = []
+    for ref in refs:
+        try:
+            ids.append(store.resolve(ref))
+        except DocumentNotFound:
+            path = Path(ref).expanduser()
+            if not path.is_file():
+                raise
+            if on_file:
+                on_file(path)
+            ids.append(ingest_path(store, path)["doc_id"])
+    return ids

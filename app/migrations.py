@@ -333,6 +333,12 @@ def applied(db: Database) -> set[str]:
     return {row["name"] for row in db.query("SELECT name FROM _migrations")}
 
 
+def pending(db: Database) -> list[str]:
+    """The names of the migrations not yet applied."""
+    done = applied(db)
+    return [m.__name__ for m in MIGRATIONS if m.__name__ not in done]
+
+
 def migrate(db: Database) -> list[str]:
     """Apply pending migrations in order; returns the names applied now."""
     db.execute(

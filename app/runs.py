@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import secrets
 from datetime import datetime, timezone
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..pipelines.answer.citations import Citation
 from ..pipelines.answer.qa import Answer, draft_of
 from .errors import DocqaError
+from .remote import PREFIX
 from .store import Store
 
 ROLES = ("answer", "evidence", "draft")  # draft: a withheld answer's citations
@@ -24,6 +26,14 @@ ROLES = ("answer", "evidence", "draft")  # draft: a withheld answer's citations
 class RunNotFound(DocqaError):
     def __init__(self, ref: str):
         super().__init__(f"no run or job named {ref!r} (see `docqa runs`)")
+
+
+class DocumentRemoved(DocqaError):
+    """A document was removed (`docqa rm`) while a question about it was being answered."""
+
+    def __init__(self, doc_ids: list[str]):
+        super().__init__(f"document {', '.join(doc_ids)} was removed while the answer was being made; "
+                         "the answer is not stored (ingest it again and ask again)")
 
 
 class Run(BaseModel):
@@ -50,6 +60,17 @@ class Run(BaseModel):
     def draft(self) -> str | None:
         """A withheld answer's text (or free text shown only as its quotes): see qa.draft_of."""
         return draft_of(self.status, self.raw_answer, self.draft_citations)
+
+
+def model_label(spec: str | None) -> str:
+    """How a run's model is shown: a checkpoint by its file or folder name, a model server as
+    "MODEL at URL" (its spec, `openai:URL#MODEL`, is no path)."""
+    if not spec:
+        return "none (evidence only)"
+    if spec.startswith(PREFIX):
+        url, _, model = spec.removeprefix(PREFIX).partition("#")
+        return f"{model or 'the server model'} at {url}"
+    return Path(spec).name
 
 
 def new_run_id() -> str:
@@ -88,6 +109,12 @@ def save_run(
         item_id=item_id,
     )
     with store.transaction() as db:
+        # Under the write lock `docqa rm` takes too: a run is stored with all its documents or not
+        # at all, never with citations of a document that is gone.
+        gone = [d for d in dict.fromkeys([*doc_ids, *(c.doc_id for c in answer.citations + answer.evidence + answer.draft_citations)])
+                if db.execute("SELECT 1 FROM documents WHERE doc_id = ?", [d]).fetchone() is None]
+        if gone:
+            raise DocumentRemoved(gone)
         db.execute(
             "INSERT INTO runs (id, kind, question, doc_ids, model, settings, status, answer,"
             " raw_answer, timings, created_at, job_id, item_id)"

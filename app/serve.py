@@ -2,8 +2,17 @@
 
 Endpoints: `GET /v1/models` and `POST /v1/chat/completions` (`stream: true` answers as
 server-sent events, `data: {chat.completion.chunk}` … `data: [DONE]`). Standard library only
-(`http.server`); bound to 127.0.0.1 unless told otherwise. Requests are served one at a time
-(one engine, one set of weights); `/v1/models` still answers while a completion runs.
+(`http.server`); bound to 127.0.0.1 unless told otherwise. One worker thread runs the engine
+(one set of weights): concurrent completions are batched (engine/batch.py: on the CUDA
+decoder they decode together, joining and leaving the batch at every step; elsewhere they run
+one after another); `/v1/models` still answers while completions run.
+
+Load. Up to MAX_WAITING completions wait for the engine; the listening socket's backlog is as
+long, so that many clients connecting at once are all accepted, and the one after them is
+answered 503 at once rather than left hanging. A body over MAX_BODY_BYTES is refused (413)
+before it is read, a prompt that with its `max_tokens` exceeds MAX_CONTEXT_TOKENS (400) before
+any model work; a client that goes away — waiting, or while its answer is computed — has its
+work cancelled, so it never holds the engine from the clients still there.
 
 Prefix caching: a prompt longer than one KV segment is prefilled into the engine's sparse
 state through the per-document prefix cache (engine/prefix_cache.py), so a later prompt that
@@ -19,7 +28,10 @@ Sampling: greedy unless `temperature` > 0 (`top_p`, `seed` honoured); `stop` str
 from __future__ import annotations
 
 import json
+import queue
 import secrets
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +45,13 @@ from .clikit import cli_errors, err
 from .errors import DocqaError
 
 MAX_TOKENS_LIMIT = 8192
+# The engine's longest context (SPEC §3: `engine bench --context` up to 1,048,576 tokens): a
+# prompt and its max_tokens together get no more.
+MAX_CONTEXT_TOKENS = 1 << 20
+# A body past this is refused before it is read: 1M tokens of text and its JSON escaping fit.
+MAX_BODY_BYTES = 8 << 20
+MAX_WAITING = 128  # completions queued for the engine; also the listening socket's backlog
+CANCEL_CHECK_S = 0.25  # how often a running completion looks whether its client went away
 # Doc key of served prompts in the prefix cache: clients send prompts, not documents; the
 # hash chain over the tokens keeps every prompt's KV its own.
 SERVE_KEY = "docqa-serve"
@@ -42,8 +61,16 @@ class RequestError(Exception):
     """A bad request: answered 400 with an OpenAI-style error body."""
 
 
+class _TooLarge(RequestError):
+    """A request body over MAX_BODY_BYTES: answered 413."""
+
+
 class ClientGone(Exception):
-    """The client closed the connection while its answer was streaming."""
+    """The client closed the connection: its completion is cancelled."""
+
+
+class Busy(Exception):
+    """MAX_WAITING completions wait already: answered 503."""
 
 
 @dataclass
@@ -55,14 +82,42 @@ class Completion:
     cached_tokens: int
 
 
+@dataclass(eq=False)
+class _Job:
+    """A completion on its way through the worker: the handler reads `out` — text deltas (when
+    streaming), then the Completion or the exception that ended it."""
+
+    ids: list[int]
+    options: dict
+    stream: bool
+    out: queue.Queue = field(default_factory=queue.Queue)
+    request: object = None  # engine/batch.py Request, once the session has it
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.request is not None:
+            self.request.cancel()
+
+
 @dataclass
 class ServedEngine:
-    """One engine behind a lock, with the prefix cache its long prompts go through."""
+    """One engine, run by one worker thread: completions are queued to it, and it runs those that
+    fit the engine's batch session together (continuous batching on the CUDA decoder: a
+    request joins the batch at the next step and leaves when it ends). A prompt longer than one
+    KV segment runs alone, through the prefix cache. The worker holds `lock` while the engine
+    works."""
 
     engine: object
     name: str
     prefix_cache: object | None = None  # PrefixCache; None: made on the first long prompt
     lock: threading.Lock = field(default_factory=threading.Lock)
+    max_waiting: int = MAX_WAITING
+    max_context: int = MAX_CONTEXT_TOKENS
+    _queued: int = 0  # completions admitted and not finished (waiting or running)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock)
+    _jobs: queue.Queue = field(default_factory=queue.Queue)
+    _worker: threading.Thread | None = None
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         from ..engine.chat import render_chat, template_of
@@ -73,20 +128,132 @@ class ServedEngine:
         return tok.encode(text, add_bos=False)
 
     def complete(self, messages: list[dict], *, max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, on_delta=None) -> Completion:
-        ids = self.prompt_ids(messages)
-        with self.lock:
-            state, cached, cache = None, 0, None
-            if len(ids) > self._segment_size():
+                 seed: int | None = None, on_start=None, on_delta=None, gone=lambda: False) -> Completion:
+        """Generate the answer to `messages`. Busy when max_waiting completions are queued
+        already, RequestError when the prompt is too long; else `on_start()` is called (the
+        request is accepted) before it waits for the engine. `gone()` says whether the client
+        went away: it is asked while the request waits and every CANCEL_CHECK_S while it runs,
+        and ClientGone ends the work then."""
+        with self._count_lock:
+            if self._queued >= self.max_waiting:
+                raise Busy()
+            self._queued += 1
+        try:
+            ids = self.prompt_ids(messages)
+            if len(ids) + max_tokens > self.max_context:
+                raise RequestError(f"the prompt ({len(ids):,} tokens) and max_tokens ({max_tokens:,}) exceed "
+                                   f"the served {self.max_context:,}-token context")
+            if on_start is not None:
+                on_start()
+            job = _Job(ids, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
+                       stream=on_delta is not None)
+            self._submit(job)
+            try:
+                return self._await(job, on_delta, _Watch(gone))
+            except ClientGone:
+                job.cancel()
+                raise
+        finally:
+            with self._count_lock:
+                self._queued -= 1
+
+    def _await(self, job: _Job, on_delta, watch) -> Completion:
+        while True:
+            try:
+                item = job.out.get(timeout=CANCEL_CHECK_S)
+            except queue.Empty:
+                watch()
+                continue
+            if isinstance(item, str):
+                on_delta(item)
+                watch()
+            elif isinstance(item, Completion):
+                return item
+            else:
+                raise item
+
+    def close(self) -> None:
+        """Stop the worker once it has finished what it runs."""
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join(timeout=60)
+            self._worker = None
+
+    # --- the worker ------------------------------------------------------------------------------
+    def _submit(self, job: _Job) -> None:
+        with self._count_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="docqa-serve-engine", daemon=True)
+                self._worker.start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        session = self.engine.batch_session()
+        active: dict = {}  # Request -> _Job
+        while True:
+            jobs = [] if session.has_work else [self._jobs.get()]
+            while True:
+                try:
+                    jobs.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            for job in jobs:
+                if job is None:
+                    for req in active:
+                        req.cancel()
+                    return
+                if job.cancelled:
+                    continue
+                if len(job.ids) > self._segment_size():
+                    self._run_alone(job)
+                    continue
+                o = job.options
+                on_token = (lambda _t, d, job=job: job.out.put(d) if d else None) if job.stream else None
+                job.request = session.add(job.ids, o["max_tokens"], temperature=o["temperature"], top_p=o["top_p"],
+                                          seed=o["seed"], on_token=on_token)
+                if job.cancelled:  # cancelled while it was being added
+                    job.request.cancel()
+                active[job.request] = job
+            if not session.has_work:
+                continue
+            try:
+                with self.lock:
+                    ended = session.step()
+            except Exception as e:  # the engine failed: every request in the batch gets the error
+                for req, job in active.items():
+                    session.abort(req)
+                    job.out.put(e)
+                active.clear()
+                continue
+            for req in ended:
+                r = req.result
+                active.pop(req).out.put(Completion(r.text, "stop" if r.stop_reason == "stop" else "length",
+                                                   r.prompt_tokens, len(r.token_ids), req.cached_tokens or 0))
+
+    def _run_alone(self, job: _Job) -> None:
+        """A long prompt: through the prefix cache (its document's KV prefilled once), alone."""
+        o = job.options
+
+        def on_token(_id, delta):
+            if job.cancelled:
+                raise ClientGone()
+            if job.stream and delta:
+                job.out.put(delta)
+
+        try:
+            with self.lock:
                 cache = self._cache()
-                state, cached = cache.get_state(SERVE_KEY, ids, capacity=len(ids) + max_tokens + 16)
-            result = self.engine.generate(
-                ids[cached:], max_new_tokens=max_tokens, state=state, temperature=temperature, top_p=top_p,
-                seed=seed, on_token=(lambda _id, delta: on_delta(delta) if delta else None) if on_delta else None)
-            if cache is not None:
+                ids = job.ids
+                state, cached = cache.get_state(SERVE_KEY, ids, capacity=len(ids) + o["max_tokens"] + 16)
+                result = self.engine.generate(ids[cached:], max_new_tokens=o["max_tokens"], state=state,
+                                              temperature=o["temperature"], top_p=o["top_p"], seed=o["seed"],
+                                              on_token=on_token, on_prefill=lambda _d, _t: on_token(None, ""))
                 cache.save(SERVE_KEY, ids, state)
-        return Completion(result.text, "stop" if result.stop_reason == "stop" else "length", len(ids),
-                          len(result.token_ids), cached)
+        except Exception as e:  # ClientGone included: nobody reads it then
+            job.out.put(e)
+            return
+        job.out.put(Completion(result.text, "stop" if result.stop_reason == "stop" else "length", len(ids),
+                               len(result.token_ids), cached))
 
     def _segment_size(self) -> int:
         from ..engine.settings import EngineSettings
@@ -97,6 +264,19 @@ class ServedEngine:
         if self.prefix_cache is None:
             self.prefix_cache = self.engine.prefix_cache  # the engine's own, shared with `ask --read-all`
         return self.prefix_cache
+
+class _Watch:
+    """Raises ClientGone once `gone()` says so, asking it at most every CANCEL_CHECK_S."""
+
+    def __init__(self, gone):
+        self.gone, self.next = gone, 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + CANCEL_CHECK_S
+            if self.gone():
+                raise ClientGone()
 
 
 def _messages(body: dict) -> list[dict[str, str]]:
@@ -137,6 +317,7 @@ def _options(body: dict) -> dict:
 class Handler(BaseHTTPRequestHandler):
     server: "Server"
     server_version = "docqa-serve"
+    timeout = 300  # seconds a client may stall while sending its request or reading the answer
 
     def log_message(self, format, *args):  # one line per request, only when asked for
         if self.server.log:
@@ -153,6 +334,15 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, code: int, message: str, kind: str = "invalid_request_error") -> None:
         self._json(code, {"error": {"message": message, "type": kind}})
 
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end: the socket reads as ended (a pipelined next
+        request would read as data)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def do_GET(self):
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             served = self.server.served
@@ -161,61 +351,114 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no such endpoint: GET {self.path}", "not_found_error")
 
+    def _body(self) -> dict:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            raise RequestError("Content-Length must be a whole number of bytes")
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body stays unread
+            raise _TooLarge(f"the request body ({length:,} bytes) exceeds the {MAX_BODY_BYTES:,}-byte limit")
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            raise RequestError("the request body is not JSON") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        return body
+
     def do_POST(self):
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             return self._error(404, f"no such endpoint: POST {self.path}", "not_found_error")
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(body, dict):
-                raise RequestError("the request body must be a JSON object")
+            body = self._body()
             messages, options = _messages(body), _options(body)
-        except (ValueError, RequestError) as e:
-            return self._error(400, str(e) if isinstance(e, RequestError) else "the request body is not JSON")
+        except _TooLarge as e:
+            return self._error(413, str(e))
+        except RequestError as e:
+            return self._error(400, str(e))
         cid = "chatcmpl-" + secrets.token_hex(12)
         if body.get("stream"):
             return self._stream(cid, messages, options)
+        c = self._complete(lambda: self.server.served.complete(messages, **options, gone=self._client_gone))
+        if c is not None:
+            self._json(200, {
+                "id": cid, "object": "chat.completion", "created": int(time.time()),
+                "model": self.server.served.name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                             "finish_reason": c.finish_reason}],
+                "usage": _usage(c),
+            })
+
+    def _complete(self, run, started: list | None = None) -> Completion | None:
+        """run() -> its Completion; None when it failed, the failure answered: 400 (a bad
+        prompt), 503 (busy), nothing (the client left), or the engine's error — a 500, or an
+        event once a stream's headers are sent (`started` not empty)."""
         try:
-            c = self.server.served.complete(messages, **options)
+            return run()
+        except RequestError as e:
+            self._error(400, str(e))
+        except Busy:
+            self._busy()
+        except ClientGone:
+            self.close_connection = True
         except Exception as e:  # the engine failed: the client gets an error, the server lives on
-            return self._error(500, f"generation failed: {e}", "server_error")
-        self._json(200, {
-            "id": cid, "object": "chat.completion", "created": int(time.time()), "model": self.server.served.name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                         "finish_reason": c.finish_reason}],
-            "usage": _usage(c),
-        })
+            if not started:
+                self._error(500, f"generation failed: {e}", "server_error")
+            else:
+                try:
+                    self.wfile.write(b"data: " + json.dumps({"error": {"message": f"generation failed: {e}",
+                                                                       "type": "server_error"}}).encode() + b"\n\n")
+                except OSError:
+                    pass
+        return None
+
+    def _busy(self) -> None:
+        self.close_connection = True
+        data = json.dumps({"error": {"message": f"the server has {self.server.served.max_waiting} requests waiting; "
+                                                "try again later", "type": "server_busy"}}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Retry-After", "1")
+        self.end_headers()
+        self.wfile.write(data)
 
     def _stream(self, cid: str, messages, options) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.end_headers()
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.server.served.name}
+        started = []
 
-        def send(choice: dict, **extra) -> None:
+        def write(data: bytes) -> None:
             try:
-                self.wfile.write(b"data: " + json.dumps(base | {"choices": [choice]} | extra).encode() + b"\n\n")
+                self.wfile.write(data)
                 self.wfile.flush()
             except OSError:
                 raise ClientGone() from None
 
-        try:
+        def send(choice: dict, **extra) -> None:
+            write(b"data: " + json.dumps(base | {"choices": [choice]} | extra).encode() + b"\n\n")
+
+        def start() -> None:  # accepted: the answer streams from here
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            started.append(True)
             send({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+
+        def run() -> Completion:
             c = self.server.served.complete(
-                messages, **options, on_delta=lambda d: send({"index": 0, "delta": {"content": d}, "finish_reason": None}))
+                messages, **options, on_start=start, gone=self._client_gone,
+                on_delta=lambda d: send({"index": 0, "delta": {"content": d}, "finish_reason": None}))
             send({"index": 0, "delta": {}, "finish_reason": c.finish_reason}, usage=_usage(c))
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
-        except ClientGone:
-            return
-        except Exception as e:  # headers are sent: the error travels as an event
-            try:
-                self.wfile.write(b"data: " + json.dumps({"error": {"message": f"generation failed: {e}",
-                                                                   "type": "server_error"}}).encode() + b"\n\n")
-            except OSError:
-                pass
+            write(b"data: [DONE]\n\n")
+            return c
+
+        self._complete(run, started)
 
 
 def _usage(c: Completion) -> dict:
@@ -226,10 +469,15 @@ def _usage(c: Completion) -> dict:
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = MAX_WAITING  # the listen backlog: clients connecting at once wait there, never reset
 
     def __init__(self, served: ServedEngine, host: str = "127.0.0.1", port: int = 0, log=None):
         super().__init__((host, port), Handler)
         self.served, self.log, self.started = served, log, int(time.time())
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.served.close()
 
     @property
     def url(self) -> str:

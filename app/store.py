@@ -25,8 +25,8 @@ from sqlite_utils import Database
 from ..pipelines.document import Anchor, Chunk, Document, Line, Page, Passage, Record, Section, Span
 from ..pipelines.fulltext import TITLE_WEIGHT, TOKENIZERS, build_match, index_text
 from .config import BUSY_TIMEOUT_S
-from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreError
-from .migrations import FTS_COLUMNS, FTS_UNITS, fts_table, migrate
+from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreBusy, StoreDamaged, StoreError
+from .migrations import FTS_COLUMNS, FTS_UNITS, fts_table, migrate, pending
 
 AddStatus = Literal["added", "already ingested", "new path"]
 
@@ -63,13 +63,25 @@ class Hit:
     text: str
 
 
+def _busy(e: sqlite3.OperationalError) -> bool:
+    """SQLite gave up waiting for another connection's lock (after the busy timeout)."""
+    return getattr(e, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(e)
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class Store:
+    """The database file, opened. At open SQLite's `quick_check` looks at the whole file: a
+    damaged one (`damage` says how) can still be read — the CLI warns — but is never written,
+    so a damaged file is not made worse. A write waits up to `timeout_s` for another
+    process's write lock, then raises `StoreBusy`."""
+
     def __init__(self, path: str | Path, *, timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path)
+        self.timeout_s = timeout_s
+        self.damage: str | None = None
         try:
             if str(path) != ":memory:":
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,8 +92,22 @@ class Store:
             if str(path) != ":memory:":
                 self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA foreign_keys = ON")
-            migrate(self.db)
+            problems = [r[0] for r in self.db.execute("PRAGMA quick_check(3)").fetchall()]
+            if problems != ["ok"]:
+                self.damage = "; ".join(problems)
+                if pending(self.db):
+                    raise StoreDamaged(self.path, self.damage)
+            else:
+                migrate(self.db)
+        except StoreError:
+            raise
+        except sqlite3.OperationalError as e:
+            if _busy(e):
+                raise StoreBusy(self.path, timeout_s) from None
+            raise StoreError(f"cannot use database {path}: {e}") from None
         except sqlite3.DatabaseError as e:
+            if "malformed" in str(e):
+                raise StoreDamaged(self.path, str(e)) from None
             raise StoreError(f"cannot use database {path}: {e}") from None
         except OSError as e:
             raise StoreError(f"cannot create database {path}: {e.strerror or e}") from None
@@ -99,7 +125,14 @@ class Store:
     def transaction(self) -> Iterator[Database]:
         """A write transaction that takes the write lock up front (BEGIN IMMEDIATE): a
         deferred one that reads first can fail with SQLITE_BUSY instead of waiting."""
-        self.db.execute("BEGIN IMMEDIATE")
+        if self.damage is not None:
+            raise StoreDamaged(self.path, self.damage)
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if _busy(e):
+                raise StoreBusy(self.path, self.timeout_s) from None
+            raise
         try:
             yield self.db
         except BaseException:

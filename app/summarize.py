@@ -32,16 +32,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from .clikit import cli_errors, db_option, err, json_option, open_store, out, print_json
 from .errors import DocqaError
-from .store import Store
+
+if TYPE_CHECKING:  # `docqa --help` must not import the store (sqlite_utils)
+    from .store import Store
 
 # Bump when the map prompt or the statement rules change: old extractions stop matching.
-MAP_VERSION = 4
+MAP_VERSION = 5  # 5: statements are whole sentences (pipelines/answer/sentences.py)
 # Bump when only the evidence-only pick changes (the model's extractions stay valid).
 EVIDENCE_VERSION = 2  # 2: one statement per section first
 Progress = Callable[[int, int, str], None]  # (segments done, segments in all, what was just read)
@@ -123,6 +125,7 @@ def minilm_embed():
 def _worker(db_path: str):
     """One store connection and document cache per worker process (and per database)."""
     from .service import Runtime
+    from .store import Store
 
     return Runtime(Store(db_path))
 
@@ -353,6 +356,10 @@ def summarize_command(
         raise typer.BadParameter("--workers applies to --evidence-only runs; a model runs in one process")
     settings = SummarizeSettings(model=model, device=device, length=length, focus=focus or None,
                                  evidence_only=evidence_only, quote=not free_text)
+    from .models import check_before_work
+
+    check_before_work(model, evidence_only=evidence_only, max_tokens=settings.max_tokens,
+                      sentence_encoder=settings.cluster != "section")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     runner = (RayExecutor(address, workers, gpus=not evidence_only) if executor == "ray"

@@ -9,6 +9,8 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from .clikit import printable, terminal_safe
+
 
 def docs_table(infos) -> Table:
     """One row per document (`Store.list_documents()`): id, type, pages, sections, and its
@@ -20,10 +22,10 @@ def docs_table(infos) -> Table:
     table.add_column("sections", justify="right", no_wrap=True)
     table.add_column("title / file", overflow="fold", ratio=1)
     for i in infos:
-        name = Path(i.path).name
+        name = printable(Path(i.path).name)
         shown = Text(name)
-        if i.title and i.title != name:
-            shown = Text(i.title)
+        if i.title and i.title != Path(i.path).name:
+            shown = Text(printable(i.title))
             shown.append(f"\n{name}", style="dim")
         table.add_row(i.doc_id, i.type, str(i.pages), str(i.sections), shown)
     return table
@@ -37,5 +39,5 @@ def review_table(rows: list[tuple[str, str, str]]) -> Table:
     table.add_column("status", no_wrap=True)
     table.add_column("answer / top citation", overflow="fold", ratio=1)
     for item, status, text in rows:
-        table.add_row(item, status, Text(text))
+        table.add_row(printable(item), status, Text(terminal_safe(text)))
     return table

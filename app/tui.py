@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Footer, Header, OptionList, Static, Tree
 from textual.widgets.option_list import Option
 
 from ..pipelines.answer.citations import Citation
+from .clikit import printable, terminal_safe
 from .jobs import get_job, job_runs, list_jobs
 from .runs import Run, get_run, list_runs
 from .store import Store
@@ -28,7 +29,9 @@ STATUS_STYLE = {"answered": "green", "evidence_only": "cyan", "not_found": "dim"
 
 
 def _one_line(text: str | None, n: int = 60) -> str:
-    text = " ".join((text or "").split())
+    """On one line, control characters escaped: names, titles and text are data (a file name
+    with `\x1b[31m` in it must not drive the terminal)."""
+    text = printable(" ".join((text or "").split()))
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -72,11 +75,12 @@ class HomeScreen(Screen):
         tree.show_root = False
         jobs = tree.root.add("Jobs", expand=True, data=("jobs", None))
         for job in list_jobs(self.store):
-            jobs.add_leaf(job.id, data=("job", job.id))
+            jobs.add_leaf(Text(_one_line(job.id, 24)), data=("job", job.id))
         tree.root.add_leaf("Runs", data=("runs", None))
         docs = tree.root.add("Documents", expand=True, data=("docs", None))
         for info in self.store.list_documents():
-            docs.add_leaf(_one_line(info.title or info.path.rsplit("/", 1)[-1], 24), data=("doc", info.doc_id))
+            # a Text label: a str would be read as markup ("[31m" in a name)
+            docs.add_leaf(Text(_one_line(info.title or info.path.rsplit("/", 1)[-1], 24)), data=("doc", info.doc_id))
         tree.focus()
         first = next((n for n in jobs.children), None)
         self.show(first.data if first else ("runs", None))
@@ -104,7 +108,7 @@ class HomeScreen(Screen):
                     run = runs.get((doc_id, item.id))
                     status = run.status if run else "pending"
                     top = (run.answer or (run.evidence[0].quote if run.evidence else "")) if run else ""
-                    table.add_row(doc_id[:8], item.id, Text(status, style=STATUS_STYLE.get(status, "")),
+                    table.add_row(doc_id[:8], Text(_one_line(item.id)), Text(status, style=STATUS_STYLE.get(status, "")),
                                   Text(_one_line(top, 40)), key=f"run:{run.id}" if run else f"none:{doc_id}:{item.id}")
         elif kind == "runs":
             table.add_columns("run", "status", "question")
@@ -149,12 +153,12 @@ class AnswerScreen(Screen):
     def answer_text(self) -> Text:
         r = self.shown_run
         t = Text()
-        t.append(f"{r.item_id or r.kind}  ", style="bold")
+        t.append(f"{_one_line(r.item_id or r.kind)}  ", style="bold")
         t.append(r.status, style=STATUS_STYLE.get(r.status, ""))
         t.append(f"  {r.id}\n", style="dim")
-        t.append(r.question + "\n", style="italic")
+        t.append(_one_line(r.question, 400) + "\n", style="italic")
         if r.answer:
-            t.append("\n" + r.answer)
+            t.append("\n" + terminal_safe(r.answer))
         elif r.status == "evidence_only":
             t.append("\nNo model: the ranked evidence is below.", style="dim")
         if r.draft_citations:  # withheld: its quotes verify, none supports an answer
@@ -215,12 +219,12 @@ class SummaryScreen(Screen):
         options = []
         multi = len(self.summary.doc_ids) > 1 if self.summary else False
         for b in self.summary.blocks if self.summary else []:
-            options.append(Option(Text(b.title, style="bold underline"), id=f"s{len(self.rows)}", disabled=True))
+            options.append(Option(Text(_one_line(b.title, 200), style="bold underline"), id=f"s{len(self.rows)}", disabled=True))
             self.rows.append(None)
             for sent in b.sentences:
                 prompt = Text()
                 prompt.append("✓ ", style="green")
-                prompt.append(sent.text)
+                prompt.append(_one_line(sent.text, 400))
                 prompt.append(" " + " ".join(c.label(with_doc=multi) for c in sent.citations), style="dim")
                 options.append(Option(prompt, id=f"s{len(self.rows)}"))
                 self.rows.append(sent.citations[0])
@@ -228,7 +232,7 @@ class SummaryScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.title = f"{self.shown_run.question}  {self.shown_run.id}"
+        self.title = f"{_one_line(self.shown_run.question)}  {self.shown_run.id}"
         self.query_one("#sentences", OptionList).focus()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -275,7 +279,7 @@ class PageScreen(Screen):
         for ln in page.lines:
             style = HIGHLIGHT if lo <= ln.n <= hi else ("dim" if ln.role != "body" else "")
             t.append(f"{ln.n:>{width}} ", style="dim")
-            t.append(ln.text + "\n", style=style)
+            t.append(printable(ln.text) + "\n", style=style)
         return t
 
     def render_page(self) -> None:

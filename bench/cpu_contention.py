@@ -51,7 +51,8 @@ def child(engine: str, decode: int, depth: int, llama_bench: str | None) -> dict
 
     from docqa.engine.checkpoint import open_checkpoint
     from docqa.engine.default_model import default_model_path
-    from docqa.engine.generate import bench_prompt, default_threads
+    from docqa.engine.benchmark import bench_prompt
+    from docqa.engine.generate import default_threads
     from docqa.engine.tokenizer import Tokenizer
 
     path = default_model_path()

@@ -32,7 +32,7 @@ WARMUP = 64
 def run_ours(path, threads, lengths, decode, ids, mode="auto"):
     import torch
     from docqa.engine import Engine
-    from docqa.engine.generate import peak_rss_mib
+    from docqa.engine.benchmark import peak_rss_mib
 
     t = time.perf_counter()
     engine = Engine.load(path, threads=threads, device="cpu", decode_weights=mode)
@@ -53,7 +53,7 @@ def run_ours(path, threads, lengths, decode, ids, mode="auto"):
 def run_hf(path, threads, lengths, decode, ids):
     import torch
     import transformers
-    from docqa.engine.generate import peak_rss_mib
+    from docqa.engine.benchmark import peak_rss_mib
 
     torch.set_num_threads(threads)
     t = time.perf_counter()
@@ -92,7 +92,7 @@ def main():
 
     from docqa.engine.checkpoint import open_checkpoint
     from docqa.engine.default_model import default_model_path
-    from docqa.engine.generate import bench_prompt
+    from docqa.engine.benchmark import bench_prompt
     from docqa.engine.tokenizer import Tokenizer
 
     path = default_model_path()

@@ -11,8 +11,8 @@ does, and measures:
 - `docqa engine bench --context N` (`context_benchmark`, the `--read-all` path: the engine's
   sparse settings and state factory, tiered KV where it does not fit): prefill s, decode
   ms/token, first token of a 64-token question on the cached context;
-- in the same run, on the same checkpoint: dense PyTorch SDPA over the whole context (the
-  decoder with an SDPA cache) and HF transformers (`from_pretrained`, SDPA), as ratios;
+- in the same run, on the same checkpoint: exact attention over the whole context (the
+  engine's dense state) and HF transformers (`from_pretrained`, SDPA), as ratios;
 - `--e2e`: a ~128K-token document made here, `docqa ingest`, then `docqa ask --read-all`
   twice and a default `docqa ask` (retrieved passages, quote-constrained), each a new process
   (wall time, model load, cache load, prefill, time to first token, decode of each).
@@ -113,7 +113,7 @@ def _sync(device: torch.device) -> None:
 
 def ask_path(engine, prompt_tokens: int = 4096, decode_tokens: int = 64) -> dict:
     """The default `ask` path: a ~4K-token prompt through the dense state, greedy decode."""
-    from docqa.engine.generate import bench_prompt
+    from docqa.engine.benchmark import bench_prompt
 
     ids = bench_prompt(engine.tokenizer, prompt_tokens)
     runs = [engine.generate(ids, decode_tokens, stop_ids=()) for _ in range(2)]  # Engine.load warmed it up
@@ -135,33 +135,27 @@ def ask_path(engine, prompt_tokens: int = 4096, decode_tokens: int = 64) -> dict
             "host_chosen_decode_ms": per_token(chosen), "host_chosen_3ms_decode_ms": per_token(slow)}
 
 
-def sdpa_baseline(engine, n: int, steps: int = 20) -> dict:
-    """Dense attention by PyTorch SDPA over the whole context, on the same decoder and weights:
-    prefill n tokens in one piece, then decode steps at a fixed context of n + 1 keys."""
-    from docqa.engine.generate import bench_prompt
-    from docqa.engine.gpu.model import GraphedDecode
-    from docqa.engine.gpu.state import CudaKVState
+def dense_baseline(engine, n: int, decode_tokens: int = 32) -> dict:
+    """Exact attention over the whole context on the same engine and weights: the engine's dense
+    state (what `ask` over retrieved passages runs) prefilled with n tokens, then greedy decode
+    after them (the first decode captures the state's graph: timed is the second)."""
+    from docqa.engine.benchmark import bench_prompt
+    from docqa.engine.generate import GREEDY_SYNC_EVERY
 
-    settings = engine.sparse_settings(attention="sdpa")
-    kv = CudaKVState(engine.config, settings, n + 64, device=engine.device, layout="head")
-    ids = torch.tensor(bench_prompt(engine.tokenizer, n), device="cuda")
-    engine.model.prefill(ids[:1024], kv)
+    ids = bench_prompt(engine.tokenizer, n + 1)
+    state = engine.new_state(n + 1 + decode_tokens + GREEDY_SYNC_EVERY)
+    engine.prefill(ids[:1024], state)  # compiles outside the timings
+    state.truncate(0)
     sync()
     t0 = time.time()
-    engine.model.prefill(ids, kv)
+    engine.prefill(ids[:n], state)
     sync()
     prefill = time.time() - t0
-    kv.sdpa_len = n + 1
-    g = GraphedDecode(engine.model, kv, n)
-    for _ in range(3):
-        g.step()
-    sync()
-    t0 = time.time()
-    for _ in range(steps):
-        g.step()
-    sync()
-    out = {"prefill_s": prefill, "decode_ms": (time.time() - t0) / steps * 1e3}
-    del g, kv
+    engine.generate(ids[n:], 2, state=state, stop_ids=())
+    state.truncate(n)
+    res = engine.generate(ids[n:], decode_tokens, state=state, stop_ids=())
+    out = {"prefill_s": prefill, "decode_ms": res.decode_s / max(len(res.token_ids) - 1, 1) * 1e3}
+    del state
     torch.cuda.empty_cache()
     return out
 
@@ -353,7 +347,7 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 1048576])
     ap.add_argument("--second-contexts", type=int, nargs="+", default=[32768, 131072],
                     help="contexts for architectures after the first")
-    ap.add_argument("--hf", action="store_true", help="HF transformers and dense SDPA on the same checkpoint")
+    ap.add_argument("--hf", action="store_true", help="HF transformers and the engine's dense state on the same checkpoint")
     ap.add_argument("--e2e", action="store_true", help="ingest, ask --read-all twice, then ask, on a ~128K-token document, before the engine bench")
     ap.add_argument("--e2e-tokens", type=int, default=128000)
     ap.add_argument("--e2e-only", action="store_true",
@@ -366,7 +360,7 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     from docqa.engine import Engine
-    from docqa.engine.generate import context_benchmark
+    from docqa.engine.benchmark import context_benchmark
     from docqa.kernels.gpu import device_summary
 
     RESULTS["device"] = device_summary()
@@ -403,14 +397,14 @@ def main():
             res = stage(f"{arch}: engine bench --context {n}", context_benchmark, engine, n, say=say)
             r[f"bench_{n}"] = res
             if res:
-                say(f"   {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms']:.2f} ms/token, first token "
-                    f"{res['first_token_s'] * 1e3:.1f} ms, {res['state']}, peak {res.get('peak_gpu_GiB', 0):.1f} GiB")
+                say(f"   {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms_per_token']:.2f} ms/token, first "
+                    f"token {res['first_token_s'] * 1e3:.1f} ms, {res['state']}, peak {res['peak_memory_gib']:.1f} GiB")
             torch.cuda.empty_cache()
         if a.hf:
             for n in [c for c in contexts if c <= 131072]:
-                res = stage(f"{arch}: dense SDPA {n}", sdpa_baseline, engine, n)
-                r[f"sdpa_{n}"] = res
-                say(f"   SDPA @ {n}: {res}")
+                res = stage(f"{arch}: dense state {n}", dense_baseline, engine, n)
+                r[f"dense_{n}"] = res
+                say(f"   dense @ {n}: {res}")
         del engine
         torch.cuda.empty_cache()
         if a.summarize and k == 0:

@@ -87,14 +87,14 @@ def load(path: Path, device: torch.device):
 @torch.inference_mode()
 def check_logits(engine, n: int) -> torch.Tensor:
     """Every position's logits of an n-token prompt through the dense state (on the host, fp32)."""
-    from docqa.engine.generate import bench_prompt
+    from docqa.engine.benchmark import bench_prompt
 
     ids = bench_prompt(engine.tokenizer, n)
     return engine.prefill(ids, engine.new_state(n + 16), all_logits=True).float().cpu()
 
 
 def run_arch(arch: str, a, device: torch.device, tokenizer_dir: Path, work: Path) -> None:
-    from docqa.engine.generate import context_benchmark
+    from docqa.engine.benchmark import context_benchmark
 
     r = RESULTS[arch] = {"block": list(BLOCK)}
     src, dst = work / f"{arch}-bf16", work / f"{arch}-fp8"
@@ -126,7 +126,7 @@ def run_arch(arch: str, a, device: torch.device, tokenizer_dir: Path, work: Path
                         a.question_tokens, a.decode_tokens)
             if res:
                 r[f"{name}_{n}"] = res
-                say(f"   {name} @ {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms']:.2f} ms/token, "
+                say(f"   {name} @ {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms_per_token']:.2f} ms/token, "
                     f"first token {res['first_token_s']:.3f} s")
         dump(a.json)
         del engine
@@ -148,7 +148,7 @@ def run_arch(arch: str, a, device: torch.device, tokenizer_dir: Path, work: Path
         f, b = r.get(f"fp8_{n}"), r.get(f"bf16_{n}")
         if f and b:
             over[f"prefill_{n}"] = ratio(f["prefill_s"], b["prefill_s"])
-            over[f"decode_{n}"] = ratio(f["decode_ms"], b["decode_ms"])
+            over[f"decode_{n}"] = ratio(f["decode_ms_per_token"], b["decode_ms_per_token"])
     r["fp8_over_bf16"] = over
     say(f"   FP8 / bf16: {over}")
     shutil.rmtree(src, ignore_errors=True)

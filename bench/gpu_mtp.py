@@ -92,7 +92,7 @@ def write_mtp_layer(path: Path, shape: dict, device: torch.device) -> None:
 
 @torch.inference_mode()
 def measure(engine, context: int, new: int) -> dict:
-    from docqa.engine.generate import bench_prompt
+    from docqa.engine.benchmark import bench_prompt
     from docqa.engine.models.mtp import _Take, speculative_decode
 
     prompt = bench_prompt(engine.tokenizer, context)

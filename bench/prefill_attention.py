@@ -10,7 +10,8 @@ import time
 import torch
 
 import docqa.engine.dense as dense
-from docqa.engine.generate import Engine, bench_prompt
+from docqa.engine.benchmark import bench_prompt
+from docqa.engine.generate import Engine
 
 
 def main() -> None:

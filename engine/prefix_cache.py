@@ -96,7 +96,8 @@ class PrefixCache:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.memory_segments, self.disk_bytes = memory_segments, disk_bytes
         self.keep_live = keep_live
-        self.live: tuple[str, tuple[int, ...], object] | None = None  # (namespace, token ids, state)
+        # (namespace, token ids, state, [(hash, segment, its file's write)] of the segments saved from it)
+        self.live: tuple[str, tuple[int, ...], object, list] | None = None
         self._memory: OrderedDict[str, Segment] = OrderedDict()  # chain hash -> segment, LRU first
         self.hits_memory = self.hits_disk = self.misses = 0
         self.hits_live = 0
@@ -104,6 +105,7 @@ class PrefixCache:
         self._writer = None  # one background thread writes segment files (`flush` waits for it)
         self._pending: list = []
         self._pinned: dict[str, torch.Tensor] = {}  # the writer's host buffers for GPU segments
+        self.write_error: str | None = None  # why files cannot be written here (warned once)
 
     # --- keys ------------------------------------------------------------------------------
 
@@ -222,18 +224,19 @@ class PrefixCache:
         return state, state.num_tokens
 
     def _damaged(self, seg: Segment) -> None:
-        """A segment file that failed its checksum where it was read (or vanished): the segment
-        and those after it are prefilled again, and the next save writes it anew."""
-        log.warning("prefix cache: %s failed its checksum (damaged file); recomputing that "
-                    "segment and removing the file", seg.disk_path)
-        if seg.disk_path is not None:
+        """A segment file that failed its checksum where it was read, or vanished (another
+        process's disk limit removed it): the segment and those after it are prefilled again,
+        and the next save writes it anew."""
+        if seg.disk_path is not None and seg.disk_path.exists():
+            log.warning("prefix cache: %s failed its checksum (damaged file); recomputing that "
+                        "segment and removing the file", seg.disk_path)
             seg.disk_path.unlink(missing_ok=True)
         self._memory.pop(seg.hash, None)
 
     def _live_prefix(self, ns: str, usable: list[int]):
         if self.live is None or self.live[0] != ns:
             return None
-        _, ids, state = self.live
+        _, ids, state, saved = self.live
         n = 0
         for a, b in zip(ids, usable):
             if a != b:
@@ -242,6 +245,15 @@ class PrefixCache:
         if n == 0 or n < state.evicted:  # tiered: tokens before `evicted` have left the GPU ring
             return None
         self.live = None  # the caller now owns it: it appends after the shared prefix
+        # Saved segments the caller will write into were views of the state's rows until their
+        # files were written: wait for those writes (the files take the rows as they are now),
+        # and forget a segment whose file could not be written (its rows are about to change).
+        size = self.settings.segment_size
+        for h, seg, write in saved:
+            if seg.start + size > n:
+                _wait(write)
+                if seg.disk_path is None and self._memory.get(h) is seg:
+                    del self._memory[h]
         return state, n
 
     def save(self, doc_key: str, prompt_ids: Sequence[int], state) -> int:
@@ -255,8 +267,9 @@ class PrefixCache:
         ns = self.namespace(doc_key)
         size = self.settings.segment_size
         n = min(len(prompt_ids), state.num_tokens)
+        saved = []
         if self.keep_live:
-            self.live = (ns, tuple(prompt_ids[:n]), state)
+            self.live = (ns, tuple(prompt_ids[:n]), state, saved)
         new = 0
         for i, h in enumerate(chain_hashes(ns, list(prompt_ids[:n]), size)):
             ids = tuple(prompt_ids[i * size:(i + 1) * size])
@@ -268,8 +281,7 @@ class PrefixCache:
                 continue
             seg.shared, seg.hash, seg.token_ids = True, h, ids
             meta = {"namespace": ns, "token_ids": json.dumps(list(ids)), **segment_metadata(seg)}
-            self._write(self._path(h), seg, meta)
-            seg.disk_path = self._path(h)
+            saved.append((h, seg, self._write(self._path(h), seg, meta)))
             self._remember(h, seg)
             new += 1
         self._submit(self._trim_disk)
@@ -284,26 +296,41 @@ class PrefixCache:
         128K-token document is 16 GiB of segments, which would hold the answer back ~25 s."""
         return self.keep_live
 
-    def _submit(self, fn, *args) -> None:
+    def _submit(self, fn, *args):
         if self._writer is None:
             import atexit
             from concurrent.futures import ThreadPoolExecutor
 
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="docqa-kv-write")
             atexit.register(self.flush)  # a process that answered still finishes its writes
-        self._pending.append(self._writer.submit(fn, *args))
+        future = self._writer.submit(fn, *args)
+        self._pending.append(future)
+        return future
 
-    def _write(self, path: Path, seg: Segment, meta: dict) -> None:
-        self._submit(self._write_now, path, seg, meta)
+    def _write(self, path: Path, seg: Segment, meta: dict):
+        return self._submit(self._write_now, path, seg, meta)
 
     def _write_now(self, path: Path, seg: Segment, meta: dict) -> None:
+        """Write the segment's file; where files cannot be written (a cache folder that is a file
+        or read-only, a full disk) say so once and go on: the cache is an optimisation, and the
+        segment stays in memory (a GPU state's: until that state's rows are written again)."""
         tensors = segment_tensors(seg)
-        on_gpu = tensors["k"].device.type == "cuda"
-        if on_gpu:  # views of a live GPU state: copied out through pinned buffers reused file after file
+        if tensors["k"].device.type == "cuda":  # copied out through pinned buffers reused file after file
             tensors = self._to_host(tensors)
-        write_segment_file(path, tensors, meta, seg.checksum)
-        if on_gpu:  # the file is the cache's copy from now on; the state keeps its own rows
+        try:
+            write_segment_file(path, tensors, meta, seg.checksum)
+        except OSError as e:
+            self._cannot_write(e)
+            return
+        seg.disk_path = path
+        if self.background:  # views of a state's rows: the file is the cache's copy from now on
             seg.k = seg.v = seg.kmin = seg.kmax = seg.kmean = None
+
+    def _cannot_write(self, e: OSError) -> None:
+        if self.write_error is None:
+            self.write_error = f"{e.strerror or e}: {e.filename or self.cache_dir}"
+            log.warning("prefix cache: cannot write KV files under %s (%s); answers go on without "
+                        "keeping this document's KV on disk", self.cache_dir, self.write_error)
 
     def _to_host(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {}
@@ -354,12 +381,16 @@ class PrefixCache:
         try:
             if meta.get("namespace") != ns or tuple(json.loads(meta["token_ids"])) != ids:
                 return None
-            if CHECKSUM_KEY not in meta:  # written before files carried one: rewritten on save
+            if CHECKSUM_KEY not in meta:  # written before files carried one: made room for the new one
+                path.unlink(missing_ok=True)
                 return None
             start, size, length = int(meta["start"]), int(meta["size"]), int(meta["length"])
         except (KeyError, ValueError):  # a foreign file: a miss, never an error
             return None
-        os.utime(path)  # disk LRU is by last use, recorded as mtime (atime may be off)
+        try:
+            os.utime(path)  # disk LRU is by last use, recorded as mtime (atime may be off)
+        except OSError:  # a read-only cache: still readable
+            pass
         return Segment(start=start, size=size, length=length, disk_path=path, shared=True, hash=h, token_ids=ids,
                        checksum=meta[CHECKSUM_KEY])
 
@@ -374,21 +405,38 @@ class PrefixCache:
 
     def _trim_disk(self) -> None:
         stale = time.time() - STALE_TMP_S
-        for p in self.cache_dir.glob("*/*.tmp"):  # left by a writer killed mid-write
-            try:
-                if p.stat().st_mtime < stale:
-                    p.unlink()
-            except OSError:  # another process removed or replaced it first
-                pass
         files = []
-        for p in self.cache_dir.glob("*/*.safetensors"):
-            st = p.stat()
-            files.append((st.st_mtime, st.st_size, p))
+        try:
+            for p in self.cache_dir.glob("*/*.tmp"):  # left by a writer killed mid-write
+                try:
+                    if p.stat().st_mtime < stale:
+                        p.unlink()
+                except OSError:  # another process removed it first
+                    pass
+            for p in self.cache_dir.glob("*/*.safetensors"):
+                try:
+                    st = p.stat()
+                except OSError:
+                    continue
+                files.append((st.st_mtime, st.st_size, p))
+        except OSError as e:  # a cache folder that cannot be listed
+            self._cannot_write(e)
+            return
         total = sum(size for _, size, _ in files)
         for _, size, p in sorted(files):
             if total <= self.disk_bytes:
                 break
             if p.stem in self._memory:  # states may still page this one in
                 continue
-            p.unlink(missing_ok=True)
+            try:
+                p.unlink(missing_ok=True)
+            except OSError as e:
+                self._cannot_write(e)
+                return
             total -= size
+
+
+def _wait(write) -> None:
+    """Until a segment file's write is over (its errors are the writer's: `_write_now`)."""
+    if write is not None:
+        write.exception()

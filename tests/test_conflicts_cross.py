@@ -1,11 +1,11 @@
 """The facts that cross-document conflict rules compare, read from single sentences."""
 
 import pytest
-from docqa.pipelines.answer.conflicts import Sentence
+from docqa.pipelines.answer.conflicts import facts as read_facts
 
 
 def facts(text):
-    return {(f.kind, f.item, f.value) for f in Sentence(0, len(text), text).facts()}
+    return {(f.kind, f.item, f.value) for f in read_facts(text)}
 
 
 @pytest.mark.parametrize(

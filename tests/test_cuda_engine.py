@@ -225,18 +225,28 @@ def test_a_prefetch_for_another_prompt_is_dropped(tmp_path):
 
 
 @cuda
-def test_engine_load_reads_a_cached_document_while_loading(tmp_path, monkeypatch):
-    """`ask --read-all` in a new process: `Engine.load(prefetch=)` reads the document's segment
-    files into a state during the weight load, and the first `generate_on_document` starts
-    from it (nothing of the document prefilled) and answers as the process that read it."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    make_tiny_hf_dir(tmp_path / "m", "llama")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+@pytest.mark.parametrize("kind", ["llama", "glm4_moe_lite"])
+def test_engine_load_reads_a_cached_document_while_loading(tmp_path, monkeypatch, few_moe_configs, kind):
+    """`ask --read-all` in a new process, on either CUDA decoder (the Llama family's, GLM's MLA
+    one): `Engine.load` warms the decoder up (no kernel compiles inside the first question), and
+    with `prefetch=` reads the document's segment files into a state during the weight load;
+    the first `generate_on_document` starts from it (nothing of the document prefilled) and
+    answers as the process that read it."""
     from docqa.engine.checkpoint import open_checkpoint
 
-    assert open_checkpoint(tmp_path / "m").parameter_count() == hf.num_parameters()  # sizes the early state
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if kind == "llama":
+        make_tiny_hf_dir(tmp_path / "m", "llama")
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+        assert open_checkpoint(tmp_path / "m").parameter_count() == hf.num_parameters()  # sizes the early state
+    else:
+        from test_glm import make_tiny_glm, write_glm_tokenizer
+
+        make_tiny_glm(tmp_path / "m", kind)
+        write_glm_tokenizer(tmp_path / "m")
     doc, q = ids_of(2 * 2048 + 300, 3), ids_of(9, 4)
     first = Engine.load(tmp_path / "m", device="cuda", dtype=torch.float32)
+    assert first.warm_up_s > 0
     want, t1 = first.generate_on_document("doc", doc, q, 6)
     assert t1["cached_tokens"] == 0 and t1["segments_saved"] == 2
     first.prefix_cache.flush()

@@ -192,18 +192,20 @@ def test_cuda_glm5_greedy_generation_equals_hf(tmp_path):
 
 
 def test_dense_mla_baseline_is_exact_attention(tmp_path):
-    """The benchmark's dense-MLA baseline on a GLM-5 checkpoint (dsa=False) is the same model
-    with every token kept (the CPU model with a top-k above the context), and differs from the
-    DSA logits: the indexer's choices matter at this context."""
+    """The benchmark's dense-MLA baseline on a GLM-5 checkpoint (bench/gpu_glm.py
+    `dense_mla_state`: the state of the config without its indexer) is the same model with every
+    token kept (the CPU model with a top-k above the context), and differs from the DSA logits:
+    the indexer's choices matter at this context."""
     import dataclasses
 
+    from docqa.bench.gpu_glm import dense_mla_state
     from docqa.engine.checkpoint import load_model
     from docqa.engine.mla_state import MLAKVState
 
     ref = make_tiny_glm(tmp_path, "glm_moe_dsa")
     engine = glm_engine(tmp_path)
     ids = torch.randint(0, VOCAB, (64,), generator=torch.Generator().manual_seed(4))
-    dense = engine.model.prefill(ids.to(DEV), engine.model.new_state(64, dsa=False), 0, chunk=40, all_logits=True)
+    dense = engine.model.prefill(ids.to(DEV), dense_mla_state(engine, 64, 40), 0, chunk=40, all_logits=True)
     cpu, ckpt = load_model(tmp_path)
     cfg = dataclasses.replace(ckpt.config, dsa=dataclasses.replace(ckpt.config.dsa, topk=10_000))
     close(dense, cpu(ids, MLAKVState(cfg, cpu.rope)))

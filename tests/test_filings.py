@@ -101,45 +101,147 @@ def test_franchise_disclosure_items_in_a_contract_are_not_filing_items():
     assert [s.number for s in detect_sections(doc)] == ["1"]
 
 
-# Each filing's Items with the page where the heading opens the body, read off the PDFs.
-EXPECTED_ITEMS = {
-    "AMERICANEXPRESS_2022": {"Item 1": 4, "Item 1A": 25, "Item 1B": 40, "Item 2": 40, "Item 3": 40, "Item 4": 40,
-                             "Item 5": 41, "Item 6": 42, "Item 7": 43, "Item 7A": 91, "Item 8": 91, "Item 9": 158,
-                             "Item 9A": 158, "Item 9B": 158, "Item 9C": 158, "Item 14": 160, "Item 15": 161,
-                             "Item 16": 166},
-    "BESTBUY_2023": {"Item 1": 4, "Item 1A": 8, "Item 1B": 18, "Item 2": 19, "Item 3": 20, "Item 4": 20,
-                     "Item 5": 21, "Item 6": 22, "Item 7": 23, "Item 7A": 33, "Item 8": 35, "Item 9": 64,
-                     "Item 9A": 64, "Item 9B": 64, "Item 9C": 64, "Item 10": 64, "Item 11": 64},
-    "BLOCK_2020": {"Item 1": 5, "Item 1A": 18, "Item 2": 46, "Item 3": 47, "Item 4": 48, "Item 5": 49,
-                   "Item 6": 52, "Item 7": 57, "Item 8": 79, "Item 9A": 140, "Item 9B": 141, "Item 10": 142, "Item 15": 143,
-                   "Item 16": 146},
-    "CORNING_2022": {"Item 1": 2, "Item 1A": 13, "Item 1B": 20, "Item 2": 20, "Item 3": 20, "Item 4": 20,
-                     "Item 5": 21, "Item 6": 22, "Item 7": 23, "Item 7A": 44, "Item 8": 44, "Item 9": 44,
-                     "Item 9A": 45, "Item 9B": 45, "Item 9C": 45, "Item 10": 46, "Item 11": 48, "Item 12": 48,
-                     "Item 13": 49, "Item 14": 49, "Item 15": 50, "Item 16": 52},
-    "PEPSICO_2022": {"Item 1": 4, "Item 1A": 13, "Item 1B": 25, "Item 2": 26, "Item 3": 26, "Item 4": 26,
-                     "Item 5": 30, "Item 7": 31, "Item 7A": 118, "Item 8": 118, "Item 9": 118, "Item 9A": 118,
-                     "Item 9B": 119, "Item 9C": 119, "Item 10": 119, "Item 11": 119, "Item 12": 120,
-                     "Item 13": 120, "Item 14": 120},
+# Each filing's Items with the page where the heading opens the body, read off the PDFs
+# (tests/data/filing_items.tsv; bench/structure.py reads the same table).
+def expected_items() -> dict[str, dict[str, int]]:
+    table: dict[str, dict[str, int]] = {}
+    with open(Path(__file__).parent / "data" / "filing_items.tsv", encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith(("#", "filing\t")):
+                filing, item, page = line.rstrip("\n").split("\t")[:3]
+                table.setdefault(filing, {})[item] = int(page)
+    return table
+
+
+EXPECTED_ITEMS = expected_items()
+ALL_FILINGS = {name: CORPUS / "pdf" / f"filing_{name}_10K.pdf" for name in EXPECTED_ITEMS}
+# Each 10-K's title: the registrant as its cover writes it (in the case its own text uses
+# for a name the cover prints in capitals), the form, and the fiscal year the report covers.
+TITLES = {
+    "AMERICANEXPRESS_2022": "American Express Company — Form 10-K, fiscal year 2022",
+    "AMERICANWATERWORKS_2020": "American Water Works Company, Inc. — Form 10-K, fiscal year 2020",
+    "BESTBUY_2023": "Best Buy Co., Inc. — Form 10-K, fiscal year 2023",
+    "BLOCK_2020": "Square, Inc. — Form 10-K, fiscal year 2020",
+    "COCACOLA_2017": "The Coca-Cola Company — Form 10-K, fiscal year 2017",
+    "CORNING_2022": "Corning Incorporated — Form 10-K, fiscal year 2022",
+    "COSTCO_2021": "Costco Wholesale Corporation — Form 10-K, fiscal year 2021",
+    "GENERALMILLS_2019": "General Mills, Inc. — Form 10-K, fiscal year 2019",
+    "KRAFTHEINZ_2019": "The Kraft Heinz Company — Form 10-K, fiscal year 2019",
+    "LOCKHEEDMARTIN_2020": "Lockheed Martin Corporation — Form 10-K, fiscal year 2020",
+    "MGMRESORTS_2018": "MGM Resorts International — Form 10-K, fiscal year 2018",
+    "MICROSOFT_2016": "Microsoft Corporation — Form 10-K, fiscal year 2016",
+    "NETFLIX_2015": "Netflix, Inc. — Form 10-K, fiscal year 2015",
+    "NIKE_2018": "NIKE, Inc. — Form 10-K, fiscal year 2018",
+    "PEPSICO_2022": "PepsiCo, Inc. — Form 10-K, fiscal year 2022",
+    "WALMART_2020": "Walmart Inc. — Form 10-K, fiscal year 2020",
 }
+MAIN_ITEMS = ("Item 1", "Item 1A", "Item 7", "Item 7A", "Item 8")
+
+
+def whole(path: Path) -> Document:
+    raw, meta = parse_pdf(path)
+    doc = assemble(raw, doc_id="t", content_sha256="t", path=str(path), type="pdf", metadata=meta)
+    doc.sections = detect_sections(doc)
+    return doc
+
+
+def test_every_corpus_filing_has_its_items_checked():
+    assert set(EXPECTED_ITEMS) == {p.stem.removeprefix("filing_").removesuffix("_10K")
+                                   for p in (CORPUS / "pdf").glob("filing_*.pdf")}
+    assert set(TITLES) == set(EXPECTED_ITEMS)
+    for name, want in EXPECTED_ITEMS.items():
+        assert {"Item 1", "Item 1A", "Item 7", "Item 8"} <= set(want), name
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPECTED_ITEMS))
 def test_filing_items_and_their_pages(name):
-    raw, meta = parse_pdf(FILINGS[name])
-    doc = assemble(raw, doc_id="t", content_sha256="t", path="x", type="pdf", metadata=meta)
-    doc.sections = detect_sections(doc)
+    doc = whole(ALL_FILINGS[name])
     got = {k: v[0] for k, v in items(doc).items()}
-    for number, page in EXPECTED_ITEMS[name].items():
-        assert got.get(number) == page, (number, got)
+    assert {k: got.get(k) for k in EXPECTED_ITEMS[name]} == EXPECTED_ITEMS[name]
+    # The main Items carry their titles as printed.
+    titled = {s.number: s.title for s in doc.sections if s.number in MAIN_ITEMS}
+    assert all(titled.get(k) for k in MAIN_ITEMS if k in EXPECTED_ITEMS[name]), titled
     # An Item ends where the next begins: no Item spans the filing from its contents page.
     ordered = [s for s in doc.sections if s.number in EXPECTED_ITEMS[name]]
     for a, b in zip(ordered, ordered[1:]):
         assert a.span.page_end in (b.span.page, b.span.page - 1), (a.number, a.span.page_end, b.number, b.span.page)
-    parts = [s for s in doc.sections if s.number and s.number.startswith("PART ")]
-    assert [s.number for s in parts][:2] == ["PART I", "PART II"]
-    assert parts[0].span.page == min(EXPECTED_ITEMS[name].values())
+    # PART II opens with Item 5 (Walmart's body prints no "PART I" above Item 1).
+    parts = {s.number: s.span.page for s in doc.sections if s.number and s.number.startswith("PART ")}
+    assert parts["PART II"] == EXPECTED_ITEMS[name]["Item 5"]
+    assert parts.get("PART I", EXPECTED_ITEMS[name]["Item 1"]) == EXPECTED_ITEMS[name]["Item 1"]
+    assert build_title(doc) == TITLES[name]
+
+
+def build_title(doc: Document) -> str | None:
+    from docqa.pipelines.ingest.build import cover_title
+
+    return cover_title(doc)
+
+
+@pytest.mark.parametrize("name", sorted(TITLES))
+def test_filing_titles_from_the_cover(name, tmp_path):
+    # The cover (pages 1-2) names the registrant, the form and the period; the case of a
+    # name in capitals (and the spaces of one in small capitals, "MGM R ESORTS") and a name
+    # drawn as a picture come from the rest of the filing, so here only the letters are
+    # compared (the whole filings: the slow test above).
+    title = build_title(cut(ALL_FILINGS[name], [1, 2], tmp_path))
+    letters = lambda t: "".join(t.split()).casefold()  # noqa: E731
+    if name == "COCACOLA_2017":  # its cover prints the name as a logo; the signatures page has it
+        assert title is None
+    else:
+        assert title is not None and letters(title) == letters(TITLES[name])
+
+
+def test_fiscal_year_is_the_year_reported_on():
+    from docqa.pipelines.document import RawLine, RawPage
+    from docqa.pipelines.ingest.build import cover_title
+
+    def title(period: str, name: str = "JOHNSON & JOHNSON") -> str | None:
+        lines = ["UNITED STATES", "FORM 10-K", f"For the fiscal year ended {period}", name,
+                 "(Exact name of registrant as specified in its charter)", "Johnson & Johnson reports."]
+        doc = assemble([RawPage(lines=[RawLine(text=t) for t in lines])], doc_id="t", content_sha256="t",
+                       path="x", type="pdf")
+        return cover_title(doc)
+
+    # A 52/53-week year closed on the Sunday nearest 31 December is named for that December.
+    assert title("January 1, 2023") == "Johnson & Johnson — Form 10-K, fiscal year 2022"
+    assert title("January 28, 2023") == "Johnson & Johnson — Form 10-K, fiscal year 2023"
+    assert title("December 31, 2022") == "Johnson & Johnson — Form 10-K, fiscal year 2022"
+    # No mixed-case spelling in the text: the name stays as the cover prints it.
+    assert title("May 31, 2018", "CVS HEALTH CORPORATION") == "CVS HEALTH CORPORATION — Form 10-K, fiscal year 2018"
+    # A file number above the caption is no name.
+    assert title("May 31, 2018", "Commission File Number 001-02217") is None
+
+
+def test_accession_number_is_no_title():
+    from docqa.pipelines.ingest.build import usable_title
+
+    assert usable_title("0000004962-23-000006") is None
+    assert usable_title(" Annual Report 2022 ") == "Annual Report 2022"
+
+
+def test_body_page_of_short_items_is_not_a_contents_page():
+    # Costco's page 66 holds Items 9B-15 from PARTs II, III and IV (each a line or two,
+    # "incorporated herein by reference"): body, not a second contents page. A contents page
+    # lists Items that come again further on.
+    from docqa.pipelines.document import RawLine, RawPage
+
+    numbers = ["1", "1A", "2", "5", "7", "8", "9", "9A", "9B", "10", "11", "15"]
+    contents = ["TABLE OF CONTENTS", "PART I"] + [f"Item {n}—Heading {n}" for n in numbers[:3]] + ["PART II"] + [
+        f"Item {n}—Heading {n}" for n in numbers[3:9]] + ["PART III"] + [f"Item {n}—Heading {n}" for n in numbers[9:11]] + [
+        "PART IV", "Item 15—Heading 15"]
+    body = [["PART I", "Item 1—Business", "We sell things."], ["Item 1A—Risk Factors", "Risks."],
+            ["Item 2—Properties", "Warehouses.", "PART II", "Item 5—Market", "Shares."],
+            ["Item 7—Management's Discussion", "Text."], ["Item 8—Financial Statements", "Figures."],
+            ["Item 9—Changes in Accountants", "None.", "Item 9A—Controls and Procedures", "Effective."],
+            ["Item 9B—Other Information", "None.", "PART III", "Item 10—Directors", "See the Proxy Statement.",
+             "Item 11—Executive Compensation", "See the Proxy Statement.", "PART IV", "Item 15—Exhibits", "Listed."]]
+    pages = [RawPage(lines=[RawLine(text=t) for t in lines]) for lines in [contents, *body]]
+    doc = assemble(pages, doc_id="t", content_sha256="t", path="x", type="pdf")
+    got = {s.number: s.span.page for s in detect_sections(doc) if s.number.startswith("Item")}
+    assert got == {"Item 1": 2, "Item 1A": 3, "Item 2": 4, "Item 5": 4, "Item 7": 5, "Item 8": 6, "Item 9": 7,
+                   "Item 9A": 7, "Item 9B": 8, "Item 10": 8, "Item 11": 8, "Item 15": 8}
 
 
 # --- tables ------------------------------------------------------------------------------
@@ -187,7 +289,22 @@ def test_words_split_by_text_runs_are_rejoined(tmp_path):
     assert "Quantitative and Qualitative Disclosures About Market Risk" in text(3)
     assert "enabling sellers to spend" in text(11)
     assert "Qualita tive" not in text(3) and "seller s " not in text(11)
-    assert doc.metadata["rejoined_words"] >= 2
+    assert doc.metadata["respaced_words"] >= 2
+
+
+def test_words_and_lines_as_printed(tmp_path):
+    # American Water Works' 10-K draws justified lines in runs cut anywhere; pypdf reads
+    # "Resultsof" (p.3: "Results" ends a printed line, "of" opens the next), "obta in" (p.4)
+    # and breaks "ITEM 8.    FINANC" / "IAL STATEMENTS ..." on one baseline (p.79).
+    doc = cut(ALL_FILINGS["AMERICANWATERWORKS_2020"], [3, 4, 79], tmp_path)
+    lines = lambda n: [ln.text for ln in doc.pages[n - 1].lines]  # noqa: E731
+    assert any(t.endswith("Analysis of Financial Condition and Results") for t in lines(3))
+    assert any(t.startswith("of Operations, and in other sections of this Form 10-K") for t in lines(3))
+    assert any("the Company’s ability to obtain permits and other approvals" in t for t in lines(4))
+    assert "ITEM 8.    FINANCIAL STATEMENTS AND SUPPLEMENTARY DATA" in lines(79)
+    assert {"3", "4", "79"} <= set(doc.metadata["relined_page_numbers"])
+    assert {"3", "4"} <= set(doc.metadata["respaced_page_numbers"])
+    assert doc.metadata["respaced_words"] >= 10
 
 
 # --- figures -----------------------------------------------------------------------------

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from docqa.engine.dense import DenseKVState
@@ -191,3 +193,144 @@ def test_a_hit_rechecks_namespace_and_token_ids(tmp_path):
         fresh = PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path)
         assert fresh.get_state(key, prompt)[1] == 0, key
     assert PrefixCache.for_config(CFG, "model-a", SETTINGS, cache_dir=tmp_path).get_state("doc-a", a)[1] == SEG
+
+
+# --- an unusable cache location, and concurrent use -------------------------------------------
+
+@pytest.mark.parametrize("where", ["cache home is a file", "kv folder read-only"])
+def test_an_unusable_cache_location_warns_once_and_answers(tmp_path, monkeypatch, caplog, where):
+    """The cache is an optimisation: where its files cannot be written, the answer still comes
+    (the logits a cache-less prefill gives), with one warning, and later questions still reuse
+    the segments held in memory."""
+    if where == "cache home is a file":
+        (tmp_path / "home").write_text("not a folder")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders (the case above takes the same path)")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+        kv = tmp_path / "home" / "docqa" / "kv"
+        kv.mkdir(parents=True)
+        kv.chmod(0o555)
+    model, doc = tiny_model(), ids(300, 4)
+    cache = PrefixCache.for_config(CFG, "model-a", SETTINGS)
+    with caplog.at_level("WARNING", logger="docqa.engine.prefix_cache"):
+        for q in (ids(10, 5), ids(12, 6)):
+            logits, cached, _, _ = ask(model, cache, "doc-1", doc + q)
+            assert rel_err(logits, dense_logits(model, doc + q)) < TOL
+    assert cached == 2 * SEG  # the second question: the document's segments from memory
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "cannot write" in warnings[0]
+
+
+def _gpu_like_cache(tmp_path, settings):
+    """A prefix cache over the CUDA decoder's state (CPU tensors: no kernel runs here), with its
+    GPU behaviour: segments are views of a live state's rows until a background writer has
+    written their files."""
+    pytest.importorskip("triton", reason="the CUDA state's module needs triton")
+    from docqa.engine.gpu.state import CudaKVState
+    from docqa.engine.segment_files import SegmentReader
+
+    return PrefixCache(lambda capacity: CudaKVState(CFG, settings, capacity, device="cpu"), "model-a", settings,
+                       shape=(CFG.n_layers, CFG.n_kv_heads, CFG.head_dim), layout="rotated-true",
+                       cache_dir=tmp_path / "kv", keep_live=True, reader=SegmentReader(torch.device("cpu")))
+
+
+def _fill(state, a: int, b: int, seed: int) -> None:
+    """Random K/V and descriptors at positions a..b-1, as a prefill would write them."""
+    g = torch.Generator().manual_seed(seed)
+    bs = state.settings.block_size
+    for t, lo, hi in ((state.k, a, b), (state.v, a, b), (state.kmin, a // bs, -(-b // bs)),
+                      (state.kmax, a // bs, -(-b // bs)), (state.kmean, a // bs, -(-b // bs))):
+        t[:, lo:hi] = torch.randn(t[:, lo:hi].shape, generator=g)
+    state.num_tokens = b
+
+
+def test_a_live_state_reused_while_its_files_are_written(tmp_path, monkeypatch, caplog):
+    """A GPU state saved, then continued at once by a prompt that shares only part of it (serve
+    under load): the files of the segments it is about to overwrite are written first, with the
+    rows as they were — never with the new prompt's rows under the old checksum, which another
+    process then took for a damaged file."""
+    import threading
+
+    import docqa.engine.prefix_cache as pc
+
+    s = EngineSettings(positions="true", **SMALL)
+    seg = s.segment_size
+    cache = _gpu_like_cache(tmp_path, s)
+    gate = threading.Event()  # the writer is behind: it starts a second after the save
+    real = pc.write_segment_file
+    monkeypatch.setattr(pc, "write_segment_file", lambda *a, **k: (gate.wait(10), real(*a, **k)))
+    doc = ids(3 * seg + 10, 1)
+    state = cache.new_state(4 * seg)
+    _fill(state, 0, len(doc), seed=1)
+    want = state.k[:, :3 * seg].clone()
+    threading.Timer(1.0, gate.set).start()
+    assert cache.save("doc", doc, state) == 3
+    other = doc[:seg + 5] + ids(2 * seg, 2)  # shares one segment and five tokens
+    reused, n = cache.get_state("doc", other)
+    assert reused is state and n == seg + 5
+    _fill(reused, n, len(other), seed=2)  # the new prompt's prefill overwrites the rows after n
+    cache.flush()
+    with caplog.at_level("WARNING", logger="docqa.engine.prefix_cache"):
+        for c in (cache, _gpu_like_cache(tmp_path, s)):  # this process, and another one over the files
+            got, cached = c.get_state("doc", doc)
+            assert cached == 3 * seg and torch.equal(got.k[:, :3 * seg], want)
+    assert not caplog.records
+
+
+def test_concurrent_writers_and_readers_of_one_segment_never_see_a_partial_file(tmp_path):
+    """Two writers put different copies of one segment at one path (two processes that read the
+    same document), while two readers read it the way the CPU and the GPU states do: a reader
+    finds no file, or a whole one whose bytes match its header's checksum."""
+    import threading
+
+    pytest.importorskip("triton", reason="the CUDA state's module needs triton")
+    from docqa.engine.gpu.state import _open_segment_file
+    from docqa.engine.segment_files import (SegmentReader, read_segment_file, tensor_checksum,
+                                            write_segment_file)
+
+    path = tmp_path / "ab" / "seg.safetensors"
+    shapes = {"k": (2, 512, 2, 64), "v": (2, 512, 2, 64), "kmin": (2, 8, 2, 64)}
+    stop, bad, seen = threading.Event(), [], []
+
+    def writer(seed):
+        g = torch.Generator().manual_seed(seed)
+        while not stop.is_set():
+            write_segment_file(path, {n: torch.randn(sh, generator=g) for n, sh in shapes.items()})
+
+    def cpu_reader():
+        while not stop.is_set():
+            t = read_segment_file(path)
+            if t is None and path.exists():
+                bad.append("a file in place read as damaged")
+            seen.append(t is not None)
+
+    def gpu_reader():
+        reader = SegmentReader(torch.device("cpu"), threads=2)
+        views = {n: torch.empty(sh) for n, sh in shapes.items()}
+        while not stop.is_set():
+            opened = _open_segment_file(path, views)
+            if opened is None:
+                continue
+            fd, jobs, checksum = opened
+            try:
+                reader.read(jobs)
+            finally:
+                os.close(fd)
+            if tensor_checksum(views) != checksum:
+                bad.append("header and bytes of different files")
+            seen.append(True)
+
+    threads = [threading.Thread(target=f, args=a) for f, a in
+               ((writer, (1,)), (writer, (2,)), (cpu_reader, ()), (gpu_reader, ()))]
+    for t in threads:
+        t.start()
+    import time
+
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not bad and sum(seen) > 5
+    assert not list(path.parent.glob("*.tmp"))  # every writer cleaned up after itself

@@ -33,15 +33,18 @@ def engine():
 
 
 @contextlib.contextmanager
-def serving(engine, cache):
-    """`docqa serve`'s server for `engine` on a free 127.0.0.1 port, stopped on exit."""
-    srv = Server(ServedEngine(engine, "smollm2-test", cache), "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
+def serving(engine, cache, *, start: bool = True, **limits):
+    """`docqa serve`'s server for `engine` on a free 127.0.0.1 port, stopped on exit. start=False:
+    it listens but accepts nothing until `srv.thread.start()`."""
+    srv = Server(ServedEngine(engine, "smollm2-test", cache, **limits), "127.0.0.1", 0)
+    thread = srv.thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    if start:
+        thread.start()
     try:
         yield srv
     finally:
-        srv.shutdown()
+        if thread.is_alive():
+            srv.shutdown()
         srv.server_close()
         thread.join(timeout=10)
 
@@ -79,6 +82,104 @@ def test_streamed_and_plain_completions_equal_the_engine(server, engine):
     plain = _post(server.url, {"model": "smollm2-test", "messages": MESSAGES, "max_tokens": 24})
     assert plain["choices"][0]["message"]["content"] == text
     assert plain["usage"]["prompt_tokens"] == n_prompt
+
+
+def test_32_concurrent_clients_are_all_answered_as_one_at_a_time(server, engine):
+    """32 clients at once (four prompts, eight each): none refused or reset, and each gets the
+    text the engine gives that prompt on its own."""
+    prompts = [[{"role": "user", "content": f"Name a colour{'!' * i}"}] for i in range(4)]
+    want = [engine.generate(server.served.prompt_ids(p), max_new_tokens=2).text for p in prompts]
+    got, errors = {}, []
+
+    def one(i):
+        try:
+            got[i] = _post(server.url, {"messages": prompts[i % 4], "max_tokens": 2}, timeout=600)
+        except Exception as e:  # a reset or refused connection
+            errors.append(repr(e))
+
+    clients = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    assert not errors and len(got) == 32
+    assert all(got[i]["choices"][0]["message"]["content"] == want[i % 4] for i in range(32))
+
+
+def test_clients_connecting_while_the_server_is_busy_wait_in_its_backlog(engine):
+    """Until the server gets to them, connecting clients wait in the listening socket's backlog:
+    it holds as many as the server queues (a backlog of 5 left the rest unanswered)."""
+    with serving(engine, None, start=False) as srv:
+        port = srv.server_address[1]
+        socks = []
+        try:
+            for _ in range(32):
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                socks[-1].sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            srv.thread.start()
+            for s in socks:
+                assert s.makefile("rb").readline().startswith(b"HTTP/1.0 200")
+        finally:
+            for s in socks:
+                s.close()
+
+
+def _raw_request(port: int, body: bytes, length: int | None = None) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % (len(body) if length is None else length) + body)
+    return s
+
+
+def test_a_huge_body_is_refused_before_it_is_read(server):
+    """A 50 MB body is answered 413 from its Content-Length alone (before, the server read and
+    parsed all of it, and a prompt that size held the engine for minutes)."""
+    with _raw_request(server.server_address[1], b"{", length=50_000_000) as s:
+        head = s.makefile("rb").read()
+    assert head.startswith(b"HTTP/1.0 413") and b"exceeds" in head
+
+
+def test_a_prompt_longer_than_the_context_is_refused(engine):
+    with serving(engine, None, max_context=64) as srv:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _post(srv.url, {"messages": [{"role": "user", "content": "word " * 80}], "max_tokens": 4})
+        assert e.value.code == 400 and "context" in json.load(e.value)["error"]["message"]
+        with pytest.raises(urllib.error.HTTPError) as e:  # the prompt fits, not with its answer
+            _post(srv.url, {"messages": MESSAGES, "max_tokens": 60})
+        assert e.value.code == 400
+
+
+def _wait_for(condition, seconds: float = 10.0) -> bool:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def test_work_is_cancelled_when_the_client_goes_away(engine):
+    """A client that closes its connection — while its answer is computed, or while it waits
+    for the engine — frees the engine at once; past max_waiting a request is answered 503."""
+    body = json.dumps({"messages": MESSAGES, "max_tokens": 8192, "temperature": 1.5, "seed": 1}).encode()
+    with serving(engine, None, max_waiting=1) as srv:
+        served, port = srv.served, srv.server_address[1]
+        # running: sampling at a high temperature, 8192 tokens would take minutes on the CPU
+        s = _raw_request(port, body)
+        assert _wait_for(served.lock.locked)
+        s.close()
+        assert _wait_for(lambda: not served.lock.locked(), 5), "the engine kept working for a client that left"
+        # waiting: the engine is held here; one request waits (max_waiting), the next is refused
+        with served.lock:
+            s = _raw_request(port, body)
+            assert _wait_for(lambda: served._queued == 1)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                _post(srv.url, {"messages": MESSAGES, "max_tokens": 2}, timeout=30)
+            assert e.value.code == 503
+            s.close()
+            assert _wait_for(lambda: served._queued == 0, 5)
 
 
 def test_bad_requests_are_refused_with_a_reason(server):

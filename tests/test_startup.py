@@ -14,6 +14,10 @@ import pytest
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sample_contract.pdf"
 HEAVY = ("torch", "triton", "tokenizers", "transformers")
+# What `--help` alone must not load either (issue 31 item 9: it cost 0.5 s of CPU, sqlite_utils
+# alone 0.14 s): the store and numpy. (pydantic is not in the list: typer itself loads it to
+# run any subcommand, `--help` included.)
+HELP_HEAVY = ("sqlite_utils", "numpy")
 
 PROBE = """
 import json, sys
@@ -21,7 +25,7 @@ from typer.testing import CliRunner
 from docqa.app.cli import app
 codes = [CliRunner().invoke(app, args, catch_exceptions=False).exit_code for args in json.loads(sys.argv[1])]
 print(json.dumps({"codes": codes, "loaded": [m for m in %r if m in sys.modules]}))
-""" % (HEAVY,)
+""" % (HEAVY + HELP_HEAVY,)
 
 
 def probe(commands: list[list[str]], env: dict) -> dict:
@@ -43,6 +47,13 @@ def test_help_docs_show_and_evidence_only_ask_do_not_import_the_engine(env):
                 ["show", str(FIXTURE), "--page", "3"], ["runs"],
                 ["ask", str(FIXTURE), "Which law governs?", "--evidence-only"],
                 ["ingest", "--help"], ["ask", "--help"], ["engine", "--help"]]
+    got = probe(commands, env)
+    assert got["codes"] == [0] * len(commands)
+    assert [m for m in got["loaded"] if m in HEAVY] == []
+
+
+def test_help_loads_neither_the_store_nor_the_document_models(env):
+    commands = [["--help"], ["ingest", "--help"], ["ask", "--help"], ["summarize", "--help"], ["engine", "--help"]]
     got = probe(commands, env)
     assert got["codes"] == [0] * len(commands)
     assert got["loaded"] == []

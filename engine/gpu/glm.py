@@ -148,14 +148,12 @@ class GlmCudaState(KVStateBase):
     segment file holds the segment's latents as "k", its indexer keys as "v" (empty without DSA)
     and its blocks' descriptors, each as views of this state's rows."""
 
-    def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, device: torch.device,
-                 *, dsa: bool):
+    def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, device: torch.device):
         super().__init__(config, settings)
         self.device = torch.device(device)
         self.dtype = DTYPES[settings.kv_dtype]
-        self.dsa = dsa and config.dsa is not None
-        self.blocks = config.dsa is None
-        # GLM-5 attends through its indexer, or densely as the benchmark's baseline (dsa=False)
+        self.dsa = config.dsa is not None  # GLM-5 attends through its indexer
+        self.blocks = not self.dsa
         self.routed = self.blocks and settings.attention == "sparse"
         self.slots = {}
         if self.dsa:
@@ -252,13 +250,13 @@ class GlmCudaDecoder:
         return held_bytes([list(vars(obj).values()) for obj in
                            [self, *self.layers, *(ly.moe for ly in self.layers if ly.moe is not None)]])
 
-    def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None, *, dsa: bool = True):
+    def new_state(self, capacity: int = 1024, settings: EngineSettings | None = None):
         """The state Engine.new_state gives on CUDA. The model attends as it was trained: GLM-5
-        through its indexer's top-k; dsa=False makes it dense MLA (a benchmark baseline)."""
+        through its indexer's top-k."""
         if settings is None:
             kv = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(self.dtype, "float32")
             settings = EngineSettings(kv_dtype=kv, chunk_size=4096)
-        return GlmCudaState(self.config, settings, capacity, self.device, dsa=dsa)
+        return GlmCudaState(self.config, settings, capacity, self.device)
 
     def capture_decode(self, state):
         from .model import GraphedDecode

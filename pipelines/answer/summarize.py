@@ -42,11 +42,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import MIN_QUOTE_CHARS, Citation, CitedSpan, cite_lines, find_quote, parse_citations, relocate, verify
-from .conflicts import detect_conflicts, detect_cross_conflicts, sentences
+from .conflicts import GOVERNING_LAW, Finding, detect_conflicts, detect_cross_conflicts, periods
 from .mapreduce import paper_header
 from ..document import Chunk, Document
 from .query import content_words, stem
 from .quote_constraint import QuotePlan
+from .sentences import clauses, sentences
 from ..textnorm import normalize
 
 Length = Literal["brief", "standard", "detailed"]
@@ -72,7 +73,8 @@ LENGTHS: dict[str, LengthSpec] = {
 }
 
 MIN_UNIT_CHARS = 30
-MAX_UNIT_CHARS = 420  # a longer sentence is cut at its semicolons into clauses
+MAX_UNIT_CHARS = 420  # a longer sentence is cut at its semicolons into clauses (never at a line end)
+LONGEST_UNIT_CHARS = 3 * MAX_UNIT_CHARS  # a clause still longer is a table or a list: not a statement
 
 
 # -- models -------------------------------------------------------------------------------
@@ -124,7 +126,7 @@ class Block(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["outline", "paper", "conclusions", "obligations", "terms", "topic", "conflicts"]
+    kind: Literal["outline", "paper", "clauses", "conclusions", "obligations", "terms", "topic", "conflicts"]
     title: str
     doc_id: str | None = None  # None: spans the documents
     sentences: list[Sentence] = Field(default_factory=list)
@@ -183,12 +185,14 @@ class Summary(BaseModel):
 
 @dataclass(frozen=True)
 class Unit:
-    """A sentence (or a long sentence's clause) of a segment, on one page."""
+    """A sentence (or a long sentence's clause) of a segment, whole: on one page or, when it
+    runs across a page break, in one part per page."""
 
     start: int
     end: int
     text: str
     score: float
+    parts: tuple[tuple[int, int], ...]
 
 
 _MODAL = re.compile(r"\b(shall|must|will|agrees? to|undertakes? to|is required to|are required to|covenants? to|"
@@ -207,30 +211,6 @@ _CONCLUSION = re.compile(r"\b(?:we (?:find|found|show|observe|demonstrate|conclu
                          r"in this (?:paper|work)|this (?:paper|work) )", re.I)
 _BOILER = re.compile(r"\b(?:confidential treatment|redacted|copyright|all rights reserved|\[\*+\]|page \d+ of \d+|in witness whereof|"
                      r"signature|by:\s*_+|name:|title:)", re.I)
-
-
-def _clauses(text: str, start: int) -> list[tuple[int, int]]:
-    """A long sentence cut at its semicolons, and a piece still too long (a table, a list
-    without punctuation) at line ends; spans relative to the document."""
-    if len(text) <= MAX_UNIT_CHARS:
-        return [(start, start + len(text))]
-    pieces, pos = [], 0
-    for m in re.finditer(r";\s+", text):
-        pieces.append((pos, m.start() + 1))
-        pos = m.end()
-    pieces.append((pos, len(text)))
-    out = []
-    for a, b in pieces:
-        if b - a <= MAX_UNIT_CHARS:
-            out.append((start + a, start + b))
-            continue
-        cut = a
-        for m in re.finditer(r"\n", text[a:b]):
-            if a + m.start() - cut > MAX_UNIT_CHARS * 0.6:
-                out.append((start + cut, start + a + m.start()))
-                cut = a + m.end()
-        out.append((start + cut, start + b))
-    return out
 
 
 def _body_start(doc: Document, offset: int) -> bool:
@@ -260,6 +240,8 @@ def score_sentence(text: str, focus: frozenset[str] | None = None) -> float:
         s -= 2.0
     n = len(text)
     s += 0.5 if 60 <= n <= 320 else 0.0
+    # A statement is shown whole: one of many clauses (a list, a table) reads poorly.
+    s -= (n - 1) // MAX_UNIT_CHARS
     if focus:
         s += 3.0 * len(focus & {stem(w) for w in content_words(text)})
     return s
@@ -301,28 +283,42 @@ def _trim(doc: Document, a: int, b: int, headings: Mapping[int, int]) -> tuple[i
         return a, b
 
 
+_CAPITAL_WORDS = re.compile(r"\b[A-Z]{2,}\b")
+
+
 def _lower_words(text: str) -> int:
     return len(re.findall(r"\b[a-z]{2,}\b", text))
 
 
+def _unit(doc: Document, parts: Sequence[tuple[int, int]], headings: Mapping[int, int], fw) -> Unit | None:
+    """A sentence's parts as a unit, without the heading lines it starts with; None for one
+    too short or not starting in the body text."""
+    first = _trim(doc, *parts[0], headings)
+    parts = [first, *parts[1:]] if first[1] > first[0] else list(parts[1:])
+    if not parts:
+        return None
+    text = " ".join(w for a, b in parts for w in doc.text[a:b].split())
+    if not MIN_UNIT_CHARS <= len(text) <= LONGEST_UNIT_CHARS or not _body_start(doc, parts[0][0]):
+        return None
+    if _lower_words(text) < 4 and len(_CAPITAL_WORDS.findall(text)) < 8:  # a heading; not a clause set in capitals
+        return None
+    return Unit(parts[0][0], parts[-1][1], text, score_sentence(text, fw), tuple(parts))
+
+
 def units(doc: Document, seg: Chunk, focus: str | None = None) -> list[Unit]:
-    """Every sentence (clause of a long one) of a segment worth considering, in reading order."""
+    """Every sentence (clause of a long one) that starts in a segment and is worth considering,
+    whole, in reading order."""
     fw = focus_words(focus)
     headings = _heading_lines(doc)
     out: list[Unit] = []
-    for p in doc.pages[seg.span.page - 1 : seg.span.page_end]:
-        lo, hi = max(p.start, seg.span.char_start), min(p.end, seg.span.char_end)
-        if hi <= lo:
-            continue
-        for s in sentences(doc, [(lo, hi)]):
-            if not (lo <= s.start < hi):
-                continue
-            for a, b in _clauses(doc.text[s.start : s.end], s.start):
-                a, b = _trim(doc, a, b, headings)
-                text = " ".join(doc.text[a:b].split())
-                if len(text) < MIN_UNIT_CHARS or _lower_words(text) < 4 or not _body_start(doc, a):
-                    continue
-                out.append(Unit(a, b, text, score_sentence(text, fw)))
+    lo, hi = seg.span.char_start, seg.span.char_end
+    for s in sentences(doc, [(lo, hi)]):
+        if not (lo <= s.start < hi):
+            continue  # a sentence is read in the segment where it starts
+        for c in clauses(doc, s, MAX_UNIT_CHARS):
+            u = _unit(doc, c.parts, headings, fw)
+            if u is not None:
+                out.append(u)
     return out
 
 
@@ -332,12 +328,16 @@ def candidates(doc: Document, seg: Chunk, n: int, focus: str | None = None) -> l
     return sorted(best, key=lambda u: u.start)
 
 
-def cite_unit(doc: Document, u: Unit) -> Citation:
-    """The unit's lines, quoting the source as written: its line breaks are kept, so a word
-    hyphenated across two lines verifies as the one word it is."""
-    raw = doc.text[u.start : u.end]
-    hit = find_quote(doc, raw, u.start, u.end) or (u.start, u.end)
-    return relocate(doc, hit, quote=raw).model_copy(update={"relocated": False})
+def cite_unit(doc: Document, u: Unit) -> list[Citation]:
+    """The unit's lines, one citation per page it lies on, each quoting the source as
+    written: its line breaks are kept, so a word hyphenated across two lines verifies as the
+    one word it is."""
+    out = []
+    for a, b in u.parts:
+        raw = doc.text[a:b]
+        hit = find_quote(doc, raw, a, b) or (a, b)
+        out.append(relocate(doc, hit, quote=raw).model_copy(update={"relocated": False}))
+    return out
 
 
 # -- classifying statements ----------------------------------------------------------------
@@ -352,6 +352,10 @@ _SUBJECT = re.compile(r"((?:[Ee]ach|[Ee]ither|[Bb]oth|[Nn]either|[Tt]he)\s+[Pp]a
                       r"are entitled|has the right|hereby)\b")
 
 
+_ORG_SUFFIX = re.compile(r",?\s+(?:Inc|Incorporated|Corporation|Corp|Co|Company|Ltd|Limited|LLC|L\.L\.C|LLP|L\.P|plc|PLC|GmbH|AG|"
+                         r"S\.A|N\.V|B\.V)\.?$", re.I)
+
+
 def parties(doc: Document) -> dict[str, str]:
     """Who can owe something in this document: normalised name -> name as shown. The short
     names and roles defined near the start (ORG anchors, defined terms such as "Licensee")."""
@@ -362,6 +366,9 @@ def parties(doc: Document) -> dict[str, str]:
             continue
         if a.type == "ENTITY" and a.subtype == "ORG" and len(a.text) <= 40:
             out.setdefault(normalize(a.text), a.text)
+            short = _ORG_SUFFIX.sub("", a.text).strip(" ,")
+            if short and short != a.text:  # "MediWound Ltd." is "MediWound" in its clauses
+                out.setdefault(normalize(short), short)
         elif a.type == "DEFINITION":
             term = normalize(a.value)
             if term in _ROLE_WORDS or any(normalize(o.text) == term for o in doc.anchors
@@ -428,7 +435,7 @@ MAP_PROMPT_FREE = (
 def map_messages(doc: Document, cands: Sequence[Unit], n: int, focus: str | None, *, quote: bool) -> list[dict]:
     tail = f", above all about: {focus}" if focus else ""
     system = (MAP_PROMPT if quote else MAP_PROMPT_FREE).format(n=n, focus=tail)
-    lines = [f"{cite_unit(doc, u).label()} {u.text}" for u in cands]
+    lines = [f"{cite_unit(doc, u)[0].label()} {u.text}" for u in cands]
     return [{"role": "system", "content": system},
             {"role": "user", "content": "[EXCERPT]\n" + "\n".join(lines) + "\n[END OF EXCERPT]"}]
 
@@ -438,7 +445,7 @@ def map_plan(doc: Document, cands: Sequence[Unit], n: int) -> QuotePlan:
     cover two short sentences of one line, so its source is their text together."""
     by_label: dict[str, list[str]] = {}
     for u in cands:
-        by_label.setdefault(cite_unit(doc, u).label(), []).append(u.text)
+        by_label.setdefault(cite_unit(doc, u)[0].label(), []).append(u.text)
     # A quote needs only to pick its sentence out: the statement is the whole sentence.
     return QuotePlan(labels=tuple(by_label), sources=tuple(" ".join(v) for v in by_label.values()),
                      abstain=None, max_citations=n, min_quote_chars=24, max_quote_tokens=14)
@@ -462,7 +469,7 @@ def extract_segment(doc: Document, seg: Chunk, generate: Callable | None, *, len
         firsts = list({(sec.id if (sec := section_of(doc, u.start)) else None): u for u in reversed(ranked)}.values())
         firsts.sort(key=lambda u: (-u.score, u.start))
         best = (firsts + [u for u in ranked if u not in firsts])[: spec.per_segment]
-        stmts = [_statement(doc, seg, u.text, [cite_unit(doc, u)], who) for u in sorted(best, key=lambda u: u.start)]
+        stmts = [_statement(doc, seg, u.text, cite_unit(doc, u), who) for u in sorted(best, key=lambda u: u.start)]
         return SegmentExtraction(doc_id=doc.doc_id, segment=seg.index, statements=stmts)
     messages = map_messages(doc, cands, spec.per_segment, focus, quote=quote)
     raw = generate(messages, map_plan(doc, cands, spec.per_segment)) if quote else generate(messages)
@@ -482,7 +489,7 @@ def extract_segment(doc: Document, seg: Chunk, generate: Callable | None, *, len
                 rejected += unit is None
                 continue
             taken.add(unit.start)
-            stmts.append(_statement(doc, seg, unit.text, [cite_unit(doc, unit)], who))
+            stmts.append(_statement(doc, seg, unit.text, cite_unit(doc, unit), who))
             continue
         # Free text: the statement is the model's words before its quote, resting on the quote.
         line = raw[: span.start].rsplit("\n", 1)[-1]
@@ -787,14 +794,126 @@ def _sentence(s: Statement) -> Sentence:
     return Sentence(text=s.text, citations=s.citations)
 
 
-def _is_contract(doc: Document, stmts: Sequence[Statement]) -> bool:
-    """Parties that owe something: an obligation whose subject is a party the document names."""
-    return not paper_header(doc) and any(s.kind == "obligation" and s.party for s in stmts)
+def _is_contract(doc: Document, stmts: Sequence[Statement], clauses_block: Block | None) -> bool:
+    """Parties that owe something (an obligation whose subject is a party the document names),
+    or a preamble that names the parties."""
+    return not paper_header(doc) and (any(s.kind == "obligation" and s.party for s in stmts) or (
+        clauses_block is not None and clauses_block.sentences[0].text.startswith(KEY_CLAUSES[0].name)))
 
 
-def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec) -> list[Block]:
-    """What is said of one document before the topics: its outline; for a paper its header
-    and core conclusions; for a contract each party's obligations and the key terms."""
+# The clauses a reader of a contract looks for first (issue 28): the summary shows the best
+# sentence of each that the document has, whatever the topics chose. Per clause: a strong
+# pattern, a weaker one (None: none), the section titles it is found under.
+_PAY_FIGURE = r"(?:[$€£¥]\s?\d|\b\d[\d,.]*\s?(?:%|percent|dollars)|\[\s?\*+\s?\])"
+
+
+@dataclass(frozen=True)
+class KeyClause:
+    name: str
+    strong: re.Pattern
+    weak: re.Pattern | None
+    section: re.Pattern  # a section title it lies under
+
+
+KEY_CLAUSES = (
+    KeyClause("Parties", re.compile(r"\b(?:made|entered\s+into|dated|executed)\b[^.]{0,250}?\b(?:by\s+and\s+)?(?:between|among)\b|"
+                                    r"\bby\s+and\s+(?:between|among)\b|\bis\s+entered\s+into\s+by\b|"
+                                    r"\bAGREEMENT\s+(?:by\s+and\s+)?(?:between|among)\b", re.I),
+              None, re.compile(r"(?!)")),
+    KeyClause("Term", re.compile(r"(?!)"),  # strong: a period whose role is the term (conflicts.periods)
+              re.compile(r"\b(?:This|The)\s+(?:(?:[Ii]nitial\s+)?[Tt]erm\s+of\s+this\s+Agreement|Agreement)\s+(?:shall|will)\s+"
+                         r"(?:\w+\s+){0,3}?(?:commence|continue|remain\s+in\s+(?:full\s+)?(?:force|effect)|expire|begin|start)|"
+                         r"\b(?:This|The)\s+(?:[Ii]nitial\s+)?[Tt]erm\s+of\s+this\s+Agreement\s+(?:is|shall\s+be|will\s+be)\b"),
+              re.compile(r"\bterm\b(?!s)|\bduration\b", re.I)),
+    KeyClause("Termination", re.compile(r"\b(?:may|shall\s+have\s+the\s+right\s+to|is\s+entitled\s+to)\s+(?:\w+\s+){0,2}?"
+                                        r"terminate\s+this\s+agreement\b", re.I),
+              re.compile(r"(?<!survive\s)\bterminat\w*\s+(?:of\s+)?this\s+agreement\b", re.I), re.compile(r"terminat", re.I)),
+    KeyClause("Governing law", GOVERNING_LAW,
+              re.compile(r"\bgoverning\s+law\b|\blaws?\s+of\b[^.]{0,120}?\bshall\s+govern\b", re.I),
+              re.compile(r"governing\s+law|applicable\s+law|choice\s+of\s+law", re.I)),
+    KeyClause("Payment", re.compile(rf"\b(?:shall|will|agrees?\s+to)\s+(?:\w+\s+){{0,2}}?pay\b[^.]{{0,200}}?{_PAY_FIGURE}", re.I),
+              re.compile(rf"\b(?:royalt\w*|fees?|payments?|purchase\s+price)\b[^.]{{0,120}}?{_PAY_FIGURE}", re.I),
+              re.compile(r"payment|\bfees?\b|royalt|compensation|price|consideration", re.I)),
+    KeyClause("Liability", re.compile(r"\b(?:in\s+no\s+event|under\s+no\s+circumstances)\b[^.]{0,200}?\bliab|"
+                                      r"\bliabilit\w*\b[^.]{0,150}?\b(?:shall\s+not\s+exceed|(?:be\s+)?limited\s+to|in\s+excess\s+of)",
+                                      re.I),
+              re.compile(r"\bshall\s+(?:\w+\s+){0,3}?indemnify\b|\bshall\s+not\s+be\s+liable\b|\blimitation\s+of\s+liability\b", re.I),
+              re.compile(r"liabilit|indemnif", re.I)),
+)
+_PARTIES_PAGES = 5  # the parties are named on the first pages
+
+
+def _under(doc: Document, offset: int, title: re.Pattern) -> bool:
+    """The sentence at `offset` lies in a section (or a section within one) whose title matches."""
+    by_id = {s.id: s for s in doc.sections}
+    sec = section_of(doc, offset)
+    while sec is not None:
+        if title.search(sec.title or ""):
+            return True
+        sec = by_id.get(sec.parent_id) if sec.parent_id else None
+    return False
+
+
+def key_clauses(doc: Document, stmts: Sequence[Statement] = ()) -> Block | None:
+    """The best sentence for each of `KEY_CLAUSES` the document has, cited whole. The parties:
+    the first sentence naming them. The rest: a strong match before a weak one, one under a
+    section titled for it first, then a short sentence before a long one, then the first.
+    Where a statement of the map step rests on that sentence, the statement is shown (a model
+    that writes freely keeps its words)."""
+    headings = _heading_lines(doc)
+    sents = sentences(doc, [(0, len(doc.text))])
+    out: list[Sentence] = []
+    for kc in KEY_CLAUSES:
+        best, best_rank = None, None
+        for s in sents:
+            if kc.name == "Parties" and doc.locate(s.start).page > _PARTIES_PAGES:
+                break
+            is_term = kc.name == "Term" and any(p.role == "term" and p.subject == "agreement" for p in periods(s.text))
+            if not (is_term or kc.strong.search(s.text) or (kc.weak and kc.weak.search(s.text))):
+                continue
+            for c in clauses(doc, s, MAX_UNIT_CHARS):
+                strong = kc.strong.search(c.text) or (is_term and any(p.role == "term" for p in periods(c.text)))
+                strength = 2 if strong else 1 if kc.weak and kc.weak.search(c.text) else 0
+                u = _unit(doc, c.parts, headings, None) if strength else None
+                if u is None or _MEANS.search(u.text) or "has the meaning" in u.text:
+                    continue
+                if kc.name != "Parties" and _BOILER.search(u.text):  # a preamble may name the signature page
+                    continue
+                if kc.name == "Termination" and re.search(r"\bsurviv", u.text, re.I):
+                    continue  # "…shall survive any termination of this Agreement" is no right to terminate
+                if kc.name == "Parties":
+                    rank = (strength, -u.start)
+                else:
+                    rank = (strength, _under(doc, u.start, kc.section), -((len(u.text) - 1) // MAX_UNIT_CHARS), -u.start)
+                if best_rank is None or rank > best_rank:
+                    best, best_rank = u, rank
+        if best is not None:
+            said = next((st for st in stmts if any(c.span.char_start is not None and c.span.char_start < best.end
+                                                   and best.start < c.span.char_end for c in st.citations)), None)
+            out.append(Sentence(text=f"{kc.name}: {said.text}", citations=said.citations) if said else
+                       Sentence(text=f"{kc.name}: {best.text}", citations=cite_unit(doc, best)))
+    if not out:
+        return None
+    return Block(kind="clauses", title=f"Key clauses ({doc.title or doc.path.rsplit('/', 1)[-1]})", doc_id=doc.doc_id,
+                 sentences=out)
+
+
+def lead_block(doc: Document, stmts: Sequence[Statement], spec: LengthSpec) -> Block | None:
+    """What a reader of the document looks for first, shown before the topics: a paper's core
+    conclusions, a contract's key clauses; None for other documents."""
+    name = doc.title or doc.path.rsplit("/", 1)[-1]
+    if paper_header(doc):
+        concl = [s for s in stmts if s.kind == "conclusion"] or [s for s in stmts if s.kind == "fact"]
+        return Block(kind="conclusions", title=f"Core conclusions of {name}", doc_id=doc.doc_id,
+                     sentences=[_sentence(s) for s in concl[: spec.per_party]])
+    clauses_block = key_clauses(doc, stmts)
+    return clauses_block if _is_contract(doc, stmts, clauses_block) else None
+
+
+def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec, lead: Block | None) -> list[Block]:
+    """What is said of one document before the topics: a paper's header, the outline, the
+    `lead_block`, and for a contract each party's obligations and the key terms (`stmts`: the
+    statements not shown elsewhere in the summary)."""
     name = doc.title or doc.path.rsplit("/", 1)[-1]
     blocks: list[Block] = []
     header = paper_header(doc)
@@ -805,11 +924,9 @@ def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec)
                                        for a in doc.anchors if a.type == "PAPER" and a.subtype == "TITLE"][:1]
                             if cites else []))
     blocks.append(outline(doc, spec.outline))
-    if header:
-        concl = [s for s in stmts if s.kind == "conclusion"] or [s for s in stmts if s.kind == "fact"]
-        blocks.append(Block(kind="conclusions", title=f"Core conclusions of {name}", doc_id=doc.doc_id,
-                            sentences=[_sentence(s) for s in concl[: spec.per_party]]))
-    elif _is_contract(doc, stmts):
+    if lead is not None:
+        blocks.append(lead)
+    if lead is not None and lead.kind == "clauses":
         by_party: dict[str, list[Statement]] = {}
         for s in stmts:
             if s.kind == "obligation" and s.party:
@@ -822,6 +939,29 @@ def document_blocks(doc: Document, stmts: Sequence[Statement], spec: LengthSpec)
             blocks.append(Block(kind="terms", title=f"Key terms ({name})", doc_id=doc.doc_id,
                                 sentences=[_sentence(s) for s in spaced(terms, spec.key_terms)]))
     return blocks
+
+
+class _Shown:
+    """The char spans already cited by the summary, per document: a statement shows once."""
+
+    def __init__(self) -> None:
+        self.spans: dict[str, list[tuple[int, int]]] = {}
+
+    def seen(self, s: Sentence) -> bool:
+        return any(c.span.char_start is not None and any(a < c.span.char_end and c.span.char_start < b
+                                                         for a, b in self.spans.get(c.doc_id, ()))
+                   for c in s.citations)
+
+    def show(self, sents: Iterable[Sentence]) -> list[Sentence]:
+        """The sentences not seen before, now marked seen."""
+        out = []
+        for s in sents:
+            if not self.seen(s):
+                out.append(s)
+                for c in s.citations:
+                    if c.span.char_start is not None:
+                        self.spans.setdefault(c.doc_id, []).append((c.span.char_start, c.span.char_end))
+        return out
 
 
 def _section_name(doc: Document, offset: int) -> str:
@@ -840,30 +980,43 @@ _CONFLICT_FACTS = re.compile(r"exclusiv|terminat|cancel|surviv|perpetu|trade sec
 _SIDE_A, _SIDE_B = "\x01", "\x02"
 
 
+def statement_spans(doc_id: str, stmts: Sequence[Statement]) -> list[tuple[int, int]]:
+    """The char spans of a document's statements that the conflict rules can read."""
+    return [(c.span.char_start, c.span.char_end) for s in stmts if s.doc_id == doc_id and _CONFLICT_FACTS.search(s.text)
+            for c in s.citations if c.span.char_start is not None]
+
+
+def document_findings(doc: Document, spans: Sequence[tuple[int, int]]) -> list[Finding]:
+    """The rules' findings among one document's statements (`statement_spans`), one per rule
+    and sentence: the rest would say the same of it. Sides are `_SIDE_A`/`_SIDE_B` in the text."""
+    out: list[Finding] = []
+    seen: set[tuple] = set()
+    # One pass over all of the document's statements against themselves.
+    for f in detect_conflicts(doc, _SIDE_A, spans, _SIDE_B, spans):
+        pair = (f.rule, frozenset([(f.a.span.char_start, f.a.span.char_end), (f.b.span.char_start, f.b.span.char_end)]))
+        if pair in seen:  # both sides are the same statements: each finding comes twice
+            continue
+        seen.add(pair)
+        if (f.rule, f.a.span.char_start) in seen or (f.rule, f.b.span.char_start) in seen:
+            continue
+        seen.update({(f.rule, f.a.span.char_start), (f.rule, f.b.span.char_start)})
+        out.append(f)
+    return out
+
+
 def conflict_blocks(docs: Mapping[str, Document], stmts: Sequence[Statement],
                     names: Mapping[str, str]) -> list[Block]:
     """Rule-found contradictions among the statements: within a document (named by the
     top-level sections of the two sentences), and across documents. Both sides cited."""
     out: list[Sentence] = []
-    spans = {d: [(c.span.char_start, c.span.char_end) for s in stmts if s.doc_id == d and _CONFLICT_FACTS.search(s.text)
-                 for c in s.citations if c.span.char_start is not None] for d in docs}
+    spans = {d: statement_spans(d, stmts) for d in docs}
     for doc_id, doc in docs.items():
-        if not spans[doc_id]:
-            continue
-        # One pass over all of the document's statements; the rules' "A"/"B" are then
-        # written as "one statement"/"another" and the tag names the two sections.
-        seen: set[tuple] = set()
-        for f in detect_conflicts(doc, _SIDE_A, spans[doc_id], _SIDE_B, spans[doc_id]):
-            pair = (f.rule, frozenset([(f.a.span.char_start, f.a.span.char_end), (f.b.span.char_start, f.b.span.char_end)]))
-            if pair in seen:  # both sides are the same statements: each finding comes twice
-                continue
-            seen.add(pair)
+        for f in document_findings(doc, spans[doc_id]) if spans[doc_id] else []:
+            # The rules' "A"/"B" are written as "one statement"/"another"; the tag names the
+            # two sections.
             where = f"{_section_name(doc, f.a.span.char_start or 0)} vs {_section_name(doc, f.b.span.char_start or 0)}"
             if len(docs) > 1:
                 where = f"{names[doc_id]}: {where}"
-            if (f.rule, f.a.span.char_start) in seen or (f.rule, f.b.span.char_start) in seen:
-                continue  # one finding per rule and sentence: the rest say the same of it
-            seen.update({(f.rule, f.a.span.char_start), (f.rule, f.b.span.char_start)})
             why = f.text.split("] ", 1)[1]
             first = min((i for i in (why.find(_SIDE_A), why.find(_SIDE_B)) if i >= 0), default=-1)
             if first >= 0:  # whichever side the rule names first is "one statement"
@@ -882,15 +1035,26 @@ def merge(docs: Mapping[str, Document], stmts: Sequence[Statement], clusters: Se
     across documents when there are several), then the conflicts; citations re-verified."""
     spec = LENGTHS[length]
     names = {d: (doc.title or doc.path.rsplit("/", 1)[-1])[:40] for d, doc in docs.items()}
-    blocks: list[Block] = []
-    for doc_id, doc in docs.items():
-        blocks += document_blocks(doc, [s for s in stmts if s.doc_id == doc_id], spec)
+    # No statement twice: each document's lead block (key clauses, core conclusions) is shown
+    # first, then the topics' choices, and each party's obligations and the key terms are
+    # drawn from what is left.
+    shown = _Shown()
+    leads = {d: lead_block(doc, [s for s in stmts if s.doc_id == d], spec) for d, doc in docs.items()}
+    for b in leads.values():
+        if b is not None:
+            b.sentences = shown.show(b.sentences)
+    topics: list[Block] = []
     repeated = Counter(cs.title for cs in clusters)
     for cs in clusters:
         title = cs.title
         if repeated[title] > 1:  # several topics in one section: say what sets each apart
             title += " — " + ", ".join(common_words((x.text for x in cs.sentences), 2))
-        blocks.append(Block(kind="topic", title=f"Topic: {title}", sentences=cs.sentences))
+        topics.append(Block(kind="topic", title=f"Topic: {title}", sentences=shown.show(cs.sentences)))
+    blocks: list[Block] = []
+    for doc_id, doc in docs.items():
+        rest = [s for s in stmts if s.doc_id == doc_id and not shown.seen(_sentence(s))]
+        blocks += document_blocks(doc, rest, spec, leads[doc_id])
+    blocks += [b for b in topics if b.sentences]
     blocks += conflict_blocks(docs, stmts, names)
     summary = Summary(doc_ids=list(docs), length=length, focus=focus, blocks=blocks, rejected=rejected,
                       dropped=sum(c.dropped for c in clusters))
@@ -934,20 +1098,17 @@ def first_sentences(doc: Document) -> Summary:
     headings = _heading_lines(doc)
     out, seen = [], set()
     for s in doc.sections:
-        for p in doc.pages[s.span.page - 1 : s.span.page_end]:
-            lo, hi = max(p.start, s.span.char_start), min(p.end, s.span.char_end)
-            first = None
-            for x in (sentences(doc, [(lo, hi)]) if hi > lo else []):
-                a, b = _trim(doc, max(x.start, lo), x.end, headings)
-                text = " ".join(doc.text[a:b].split())
-                if lo <= a < hi and len(text) >= MIN_UNIT_CHARS and _lower_words(text) >= 4 and _body_start(doc, a):
-                    first = Unit(a, b, text, 0.0)
-                    break
-            if first:
-                if first.start not in seen:
-                    seen.add(first.start)
-                    out.append(Sentence(text=first.text, citations=[cite_unit(doc, first)]))
+        lo, hi = s.span.char_start, s.span.char_end
+        first = None
+        for x in (sentences(doc, [(lo, hi)]) if hi > lo else []):
+            parts = [(max(a, lo), b) for a, b in x.parts if b > lo]
+            u = _unit(doc, parts, headings, None) if parts else None
+            if u is not None and lo <= u.start < hi:
+                first = u
                 break
+        if first and first.start not in seen:
+            seen.add(first.start)
+            out.append(Sentence(text=first.text, citations=cite_unit(doc, first)))
     summary = Summary(doc_ids=[doc.doc_id], length="baseline", blocks=[Block(kind="topic", title="First sentences",
                                                                             doc_id=doc.doc_id, sentences=out)])
     return enforce_citations(summary, {doc.doc_id: doc})

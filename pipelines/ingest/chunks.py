@@ -15,11 +15,9 @@ from bisect import bisect_right
 from typing import Callable
 
 from ..document import Chunk, Document, Span
+from . import SEGMENT_TOKENS
 
 __all__ = ["SEGMENT_TOKENS", "make_segments", "approx_tokens"]
-
-# The default segment size (`docqa ingest --segment-tokens`; review and the library use it too).
-SEGMENT_TOKENS = 2048
 
 _CJK_CLASS = r"\u3000-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
 _CJK = re.compile(f"[{_CJK_CLASS}]")
@@ -93,6 +91,8 @@ def make_segments(
         if e <= s:
             e = s + 1  # one line over budget: it stands alone
             best = e
+            if best >= n:  # ... and it is the last line: the segment ends with the document
+                break
         else:
             best, best_p = e, -1
             for b in range(e, s, -1):

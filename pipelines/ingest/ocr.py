@@ -14,11 +14,16 @@ text layer reads them; 69/70 in one column). A two-column scan is read across it
 a known limit. A page without an image is left blank (a separator page is not a scan).
 Pages with a text layer are never touched: a mixed PDF keeps its text pages as they are.
 
-Before recognising, Tesseract's script detection (the `osd` model, shipped with the
-`tessdata` package) looks at the page: English data read over Chinese, Japanese or Korean
-yields confident-looking garbage, so a page in a script we have no language data for is
-left without lines, with a note ("no OCR language data for Han script") in the
-document's metadata instead.
+A page is rendered at twice the resolution of the scan it holds, at most `DPI`: a 72 dpi
+scan drawn at 300 dpi is blurred into shapes Tesseract misreads, where at 144 dpi it reads
+(bench/results/ocr.md). A 200 dpi scan or better is rendered at `DPI`.
+
+A page whose English reading is not confident (mean word confidence under `CONFIDENT`) is
+then shown to Tesseract's script detection (the `osd` model, shipped with the `tessdata`
+package): English data read over Chinese, Japanese or Korean yields garbage, so a page in a
+script we have no language data for is left without lines, with a note ("no OCR language
+data for Han script") in the document's metadata instead. A confident reading is kept
+whatever the detector says: on poor scans of English pages it named Cyrillic.
 
 Metadata recorded (`parse_pdf` merges it): `ocr_pages` (page numbers), `ocr_page_confidence`
 (each one's mean word confidence, 0-100), `ocr_confidence` (their mean), `ocr_notes` ("page
@@ -40,6 +45,9 @@ from ..errors import IngestError
 INSTALL = "pip install 'docqa[ocr]'"
 NO_TEXT_LAYER = "no text layer (scanned?)"  # how every "nothing to read" error starts
 DPI = 300  # Tesseract's own advice for body text; 200 loses small print, 400 is slower for nothing
+# Mean word confidence (0-100) at which an English reading is taken without asking the script
+# detector: English pages read at 73 or more, Chinese ones as English at 30 or less (ocr.md).
+CONFIDENT = 60
 LANG = "eng"
 # Scripts the `eng` model reads. "Common" is what OSD calls digits and punctuation.
 SCRIPTS = {"Latin", "Common"}
@@ -120,24 +128,32 @@ def ocr_pages(where: str, data: bytes, indexes: list[int], *, required: bool,
 
 
 def _read_page(tess: _Tesseract, page, i: int, result: OcrResult) -> None:
-    if not _has_image(page):
+    dpi = render_dpi(page)
+    if dpi is None:
         return
-    bitmap = page.render(scale=DPI / 72, grayscale=True)
-    image = (bytes(bitmap.buffer), bitmap.width, bitmap.height, bitmap.stride)
-    script = tess.script(image)
-    if script is not None:
-        result.notes[i] = (f"no OCR language data for {script} script "
-                           f"(installed: {LANG}); page left without lines")
-        return
+    bitmap = page.render(scale=dpi / 72, grayscale=True)
+    image = (bytes(bitmap.buffer), bitmap.width, bitmap.height, bitmap.stride, dpi)
     lines, conf = tess.read(image)
+    if conf < CONFIDENT:
+        script = tess.script(image)
+        if script is not None:
+            result.notes[i] = (f"no OCR language data for {script} script "
+                               f"(installed: {LANG}); page left without lines")
+            return
     if lines:
         result.lines[i], result.confidence[i] = lines, conf
 
 
-def _has_image(page) -> bool:
+def render_dpi(page) -> int | None:
+    """The resolution to render a page at for OCR: twice that of its sharpest image, at most
+    `DPI`; None for a page without an image (a separator page is not a scan)."""
     import pypdfium2.raw as pdfium_c
 
-    return next(iter(page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE])), None) is not None
+    scans = [img.get_metadata() for img in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE])]
+    if not scans:
+        return None
+    native = max(max(m.horizontal_dpi, m.vertical_dpi) for m in scans)
+    return DPI if native <= 0 else max(72, min(DPI, round(2 * native)))
 
 
 class _Tesseract:
@@ -159,9 +175,10 @@ class _Tesseract:
         self.osd.End()
 
     def script(self, image: tuple) -> str | None:
-        """The page's script when it is confidently one the language data cannot read."""
+        """The page's script when it is confidently one the language data cannot read.
+        `image`: (pixels, width, height, stride, dpi), one byte a pixel."""
         self.osd.SetImageBytes(*image[:3], 1, image[3])
-        self.osd.SetSourceResolution(DPI)
+        self.osd.SetSourceResolution(image[4])
         found = self.osd.DetectOrientationScript()
         if not found or found["script_name"] in SCRIPTS or found["script_conf"] < SCRIPT_CONF:
             return None
@@ -171,7 +188,7 @@ class _Tesseract:
         from tesserocr import RIL, iterate_level
 
         self.api.SetImageBytes(*image[:3], 1, image[3])
-        self.api.SetSourceResolution(DPI)
+        self.api.SetSourceResolution(image[4])
         self.api.Recognize()
         lines = []
         for r in iterate_level(self.api.GetIterator(), RIL.TEXTLINE):

@@ -6,6 +6,14 @@ whitespace, lines that are then empty dropped; leading whitespace is kept (monos
 layouts indent with it). A page without text is kept as a page with zero lines, so physical
 page numbers never shift.
 
+Two corrections keep the lines as printed where pypdf's own guesses fail, both decided from
+the glyph positions: a line that pypdf ran on into the next printed line
+is cut where that line begins, and one it broke where nothing moved is joined again
+(`_split_lines`; the pages are listed in `relined_page_numbers`); and on pages whose words
+look joined or split (the document's own words pick the pages, not the spaces), each word
+space goes where the glyphs leave or draw one (`_respace_words`; `respaced_page_numbers`). Only whitespace changes: the characters and
+their order are pypdf's.
+
 On a page detected as two-column the same lines are reordered (and a line that pypdf glued
 across the gutter is cut in two): bands separated by full-width lines, in each band the left
 column before the right, each column in pypdf's order. Display text is never rewritten:
@@ -71,8 +79,9 @@ def parse_pdf(path: str | Path, data: bytes | None = None, *,
 
     Metadata keys: title, author, subject, creator, producer, creation_date, mod_date (ISO 8601
     or None), pdf_version, page_count, encrypted (the file was encrypted, even if it opened
-    with the empty password), blank_pages, two_column_pages, two_column_page_numbers (list of str), header_lines,
-    footer_lines.
+    with the empty password), blank_pages, two_column_pages, two_column_page_numbers,
+    table_page_numbers, relined_lines, relined_page_numbers, respaced_words,
+    respaced_page_numbers (page numbers as lists of str), header_lines, footer_lines.
     """
     where = str(path)
     if data is None:
@@ -84,12 +93,14 @@ def parse_pdf(path: str | Path, data: bytes | None = None, *,
     with _quiet_pypdf():
         try:
             reader, encrypted = _open(where, data)
-            pages = []
+            reads = []
             for page in reader.pages:
-                pages.append(_extract_page(page))
+                reads.append(_read_page(page))
                 if on_page:
-                    on_page("pages", len(pages), len(reader.pages))
-            rejoined = _rejoin_split_words(reader, pages)
+                    on_page("pages", len(reads), len(reader.pages))
+            respaced = _respace_words(reader, reads)  # {page index: spaces changed}
+            widths = _Widths()  # one per document: its fonts' metrics are read once
+            pages = [_lay_out(r, widths) for r in reads]
             meta = _metadata(reader, data)
         except IngestError:
             raise
@@ -123,7 +134,10 @@ def parse_pdf(path: str | Path, data: bytes | None = None, *,
         table_page_numbers=[str(i + 1) for i, p in enumerate(pages) if p.table],
         header_lines=header_lines,
         footer_lines=footer_lines,
-        rejoined_words=rejoined,
+        respaced_words=sum(respaced.values()),
+        respaced_page_numbers=[str(i + 1) for i in sorted(respaced)],
+        relined_lines=sum(p.cuts for p in pages),
+        relined_page_numbers=[str(i + 1) for i, p in enumerate(pages) if p.cuts],
         **(ocr.metadata() if ocr else {}),
     )
     return raw_pages, meta
@@ -256,6 +270,7 @@ class _Page:
     left: float
     two_column: bool = False
     table: bool = False  # lines rebuilt from positions (`_rebuild_table_page`)
+    cuts: int = 0  # lines cut or joined where pypdf's line breaks miss the printed lines
 
 
 def _mult(m: tuple | list, n: tuple | list) -> tuple:
@@ -308,7 +323,19 @@ class _Collector:
         self.length += len(text)
 
 
-def _extract_page(page: Any) -> _Page:
+@dataclass
+class _Read:
+    """One page as pypdf's `extract_text` reads it, with the position of each piece."""
+
+    text: str
+    chunks: list[_Chunk]  # empty when the pieces do not add up to the text
+    left: float
+    width: float
+    rotated: bool
+    joined: int = 0  # line breaks pypdf read inside a printed line, taken out (`_respace`)
+
+
+def _read_page(page: Any) -> _Read:
     collector = _Collector()
     text = page.extract_text(
         visitor_text=collector.text,
@@ -321,20 +348,27 @@ def _extract_page(page: Any) -> _Page:
     except Exception:
         left, width = 0.0, 612.0
     positions_ok = "".join(c.text for c in collector.chunks) == text
-    lines = _split_lines(text, collector.chunks if positions_ok else [])
-    result = _Page(lines=lines, width=abs(width) or 612.0, left=left)
-    if positions_ok and not page.get("/Rotate"):
+    return _Read(text, collector.chunks if positions_ok else [], left, abs(width) or 612.0,
+                 bool(page.get("/Rotate")))
+
+
+def _lay_out(read: _Read, widths: _Widths) -> _Page:
+    lines, cuts = _split_lines(read.text, read.chunks, widths)
+    result = _Page(lines=lines, width=read.width, left=read.left, cuts=cuts + read.joined)
+    if read.chunks and not read.rotated:
         # A statement's labels at the left and its figures at the right look like two
         # columns to `_order_columns`; a page that is mostly table rows is a table.
-        _rebuild_table_page(result, collector.chunks)
+        _rebuild_table_page(result, read.chunks, widths)
         if not result.table:
-            _order_columns(result)
+            _order_columns(result, widths)
     return result
 
 
-def _split_lines(text: str, chunks: list[_Chunk]) -> list[_Line]:
-    """The line rule, with each line's chunks attached when positions are known."""
+def _split_lines(text: str, chunks: list[_Chunk], widths: _Widths) -> tuple[list[_Line], int]:
+    """The line rule, with each line's chunks attached when positions are known; and how
+    many lines were cut or joined where pypdf's breaks miss the printed lines."""
     lines: list[_Line] = []
+    cuts = 0
     pos = 0
     ci = 0
     for raw in text.splitlines(keepends=True):
@@ -349,8 +383,57 @@ def _split_lines(text: str, chunks: list[_Chunk]) -> list[_Line]:
         while j < len(chunks) and chunks[j].start < start + len(content):
             mine.append(chunks[j])
             j += 1
-        lines.append(_Line(content, mine))
-    return lines
+        pieces = _cut_at_new_lines(_Line(content, mine), start, widths)
+        cuts += len(pieces) - 1
+        if lines and _same_printed_line(lines[-1], pieces[0], widths):
+            # pypdf broke a printed line where nothing moved ("ITEM 8. FINANC" / "IAL
+            # STATEMENTS"): one line again, joined as the glyphs are spaced.
+            a, b = lines[-1], pieces.pop(0)
+            gap = b.positioned[0].x - widths.line_end(a)
+            sep = " " if b.text[:1].isspace() or gap > _GAP_TOUCH * max(b.positioned[0].size, 1.0) else ""
+            lines[-1] = _Line(a.text + sep + b.text.lstrip(), a.chunks + b.chunks)
+            cuts += 1
+        lines.extend(pieces)
+    return lines, cuts
+
+
+def _same_printed_line(a: _Line, b: _Line, widths: _Widths) -> bool:
+    """Whether `b` goes on where `a` stops: on its baseline, right of it, less than an em
+    past its end."""
+    pa, pb = a.positioned, b.positioned
+    if not (pa and pb and pa[-1].upright and pb[0].upright):
+        return False
+    last, first = pa[-1], pb[0]
+    if first is last:  # one drawn string: its own line feed says nothing of positions
+        return False
+    size = max(last.size, first.size, 1.0)
+    if abs(last.y - first.y) > 0.2 * size or first.x < last.x:
+        return False
+    return first.x - widths.end(last) <= size
+
+
+def _cut_at_new_lines(line: _Line, start: int, widths: _Widths) -> list[_Line]:
+    """A line that pypdf ran on into the next printed line, cut where that line begins: a
+    piece drawn at least a line lower and starting left of where the piece before it ended
+    ("...and Results" / "of Operations..." came out as "...and Resultsof"). Superscripts
+    and subscripts shift less than a line; a table cell's wrapped second line is a printed
+    line of its own, as it is on the page."""
+    out: list[_Line] = []
+    cut_from, first = 0, 0
+    pcs = [c for c in line.chunks if c.text.strip() and c.upright]
+    for prev, cur in zip(pcs, pcs[1:]):
+        size = max(prev.size, cur.size, 1.0)
+        if prev.y - cur.y > 0.8 * size and cur.x < widths.end(prev) - size:
+            k = cur.start - start
+            left, right = line.text[cut_from:k].rstrip(), line.text[k:].lstrip()
+            if 0 < k < len(line.text) and left.strip() and right:
+                i = line.chunks.index(cur)
+                out.append(_Line(left, line.chunks[first:i]))
+                cut_from, first = k + (len(line.text[k:]) - len(right)), i
+    if not out:
+        return [line]
+    out.append(_Line(line.text[cut_from:], line.chunks[first:]))
+    return out
 
 
 # --- columns -------------------------------------------------------------------------------
@@ -423,9 +506,8 @@ def _running(line: _Line, widths: _Widths) -> bool:
     return True
 
 
-def _order_columns(page: _Page) -> None:
+def _order_columns(page: _Page, widths: _Widths) -> None:
     """Detect a two-column page and put each band's left column before its right column."""
-    widths = _Widths()
     mid = page.left + page.width / 2
     tol = 0.02 * page.width
     if sum(1 for ln in page.lines if ln.positioned) < 6:
@@ -619,7 +701,7 @@ def _header_for(cell: _Cell, headers: list[_Row]) -> str | None:
     return None
 
 
-def _rebuild_table_page(page: _Page, chunks: list[_Chunk]) -> None:
+def _rebuild_table_page(page: _Page, chunks: list[_Chunk], widths: _Widths) -> None:
     """On a page with a table, rebuild every line from positions (see the module docstring);
     other pages keep pypdf's lines."""
     rows = _rows(chunks)
@@ -629,7 +711,6 @@ def _rebuild_table_page(page: _Page, chunks: list[_Chunk]) -> None:
     rough = sum(1 for r in rows if sum(1 for c in r.chunks if _NUMBER.match(c.text.strip())) >= 2)
     if rough < _MIN_TABLE_ROWS:
         return
-    widths = _Widths()
     for row in rows:
         _cut_cells(row, widths)
     n_values = sum(1 for r in rows if len(_values(r)) >= 2)
@@ -657,58 +738,205 @@ def _rebuild_table_page(page: _Page, chunks: list[_Chunk]) -> None:
     page.table = True
 
 
-# --- words split by text runs ---------------------------------------------------------------
+# --- words as printed ----------------------------------------------------------------------
 
-# "Qualita tive", "Finan cial", "seller s": pypdf puts a space wherever the pen moves between
-# two text runs by more than it expects, and some PDFs (Block's 10-K) draw words in several
-# runs with small moves. Where to look is chosen from the text (a pair whose halves are not
-# words of the document but whose join is); whether the glyphs touch is decided from their
-# positions: pypdf's layout mode places every glyph at its x position, and the pair is
-# joined only where that rendering of the same page has the joined word.
-_PAIR = re.compile(r"(?<![\w\-])([A-Za-z]{1,20}) ([a-z]{1,12})(?![\w\-])")
-_WORDS = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)*")  # "seller's" is one word, not "seller" and "s"
+# pypdf decides where a space goes from its own estimate of where each piece of text ends,
+# and some PDFs defeat it: American Water Works' 10-K draws justified lines as runs cut
+# anywhere ("obta" "in permits"), Block's draws words in several runs, and in others a word
+# gap is a move the estimate misses ("millionpeople"). Where a space belongs is decided here
+# from the glyph positions pypdf's layout mode computes (every string a text operator draws,
+# with its start and end after Tc, Tw, Tz and TJ offsets): a space where the glyphs leave a
+# gap or draw one, none where they touch, and a line feed drawn inside a string (MGM's 10-K
+# draws "PART\nI") is no line break. That pass costs as much as reading the page again, so it
+# runs only on pages whose words look wrong (`_suspect_pages`).
+_TOKEN = re.compile(r"[A-Za-z]+")
+_PAIR = re.compile(r"(?<![A-Za-z'’\-])([A-Za-z]{1,20}) +([A-Za-z]{1,20})(?![A-Za-z'’])")
+_GAP_SPACE = 0.15  # a gap of this many ems or more between two runs is a word space
+_GAP_TOUCH = 0.05  # ... of this many or fewer (down to a small overlap), none
 
 
-def _rejoin_split_words(reader: Any, pages: list[_Page]) -> int:
-    """Join the pairs the glyph positions show to be one word; the number joined."""
-    counts = Counter(w.lower() for p in pages for ln in p.lines for w in _WORDS.findall(ln.text))
+@dataclass
+class _Run:
+    """One string drawn by a text operator: its text, where it starts and ends on its
+    baseline, and its em (the font's height on the page)."""
+
+    text: str
+    x0: float
+    x1: float
+    y: float
+    em: float
+    measured: bool  # upright, in a font whose widths pypdf knows: its ends can be trusted
+
+
+def _suspect_pages(reads: list[_Read]) -> list[int]:
+    """Pages whose words look joined or split, judged by the words of the whole document:
+    a joined word is found at most twice and is two words that the document also writes
+    apart, twice or more ("Resultsof", "Results of"; not "throughout"); a split word is two
+    pieces that are no words of the document but make one together ("obta in"); and a page
+    of one-word lines is one whose line breaks pypdf took from the words."""
+    counts: Counter = Counter()
     pairs: Counter = Counter()
-    for p in pages:
-        for ln in p.lines:
-            pairs.update((a.lower(), b.lower()) for a, b in _PAIR.findall(ln.text))
+    for r in reads:
+        words = [w.lower() for w in _TOKEN.findall(r.text)]
+        counts.update(words)
+        pairs.update(zip(words, words[1:]))
 
-    def suspect(a: str, b: str) -> bool:
-        a, b = a.lower(), b.lower()
-        n = pairs[(a, b)]
-        # One half is no word of its own anywhere else (or a lone letter that is no
-        # word: "seller s"), and the join is a word elsewhere.
-        fragment = lambda w: counts[w] <= n or (len(w) == 1 and w not in "ai")  # noqa: E731
-        return counts[a + b] > 0 and (fragment(a) or fragment(b)) and len(a + b) >= 4
+    def joined(word: str) -> bool:
+        w = word.lower()
+        if len(w) < 5 or counts[w] > 2:
+            return False
+        return any(pairs[(w[:k], w[k:])] >= 2 and counts[w[:k]] >= 3 and counts[w[k:]] >= 3
+                   for k in range(2, len(w) - 1))
 
-    joined = 0
-    for number, p in enumerate(pages):
-        todo = [ln for ln in p.lines if any(suspect(a, b) for a, b in _PAIR.findall(ln.text))]
-        if not todo:
-            continue
+    def split(a: str, b: str) -> bool:
+        # a lone capital is an initial ("Mark S."), not a piece of a word
+        fragment = lambda w: counts[w.lower()] <= 2 or (len(w) == 1 and w in "bcdefghjklmnopqrstuvwxyz")  # noqa: E731
+        return counts[(a + b).lower()] > 0 and (fragment(a) or fragment(b))
+
+    def word_per_line(text: str) -> bool:  # pypdf broke the lines after every word
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        words = sum(1 for ln in lines if len(ln.split()) == 1 and re.search(r"[A-Za-z]{2}", ln))
+        return len(lines) >= 10 and words >= 0.5 * len(lines)
+
+    return [i for i, r in enumerate(reads)
+            if any(joined(w) for w in _TOKEN.findall(r.text))
+            or any(split(a, b) for a, b in _PAIR.findall(r.text)) or word_per_line(r.text)]
+
+
+def _runs(page: Any) -> list[_Run]:
+    """Every string the page's text operators draw, in content-stream order (the order
+    `extract_text` reads them in). Uses pypdf's layout-mode text state (pinned pypdf)."""
+    from pypdf._text_extraction._layout_mode._fixed_width_page import recurse_to_target_op, set_font_operation
+    from pypdf._text_extraction._layout_mode._text_state_manager import TextStateManager
+    from pypdf.generic import ContentStream
+
+    contents = page.get_contents()
+    if contents is None:
+        return []
+    fonts = page._layout_mode_fonts()
+    ops = iter(ContentStream(contents, page.pdf, "bytes").operations)
+    state = TextStateManager()
+    drawn = []
+    for operands, op in ops:
+        if op in (b"BT", b"q"):
+            _, tjs = recurse_to_target_op(ops, state, b"ET" if op == b"BT" else b"Q", fonts, False)
+            drawn.extend(tjs)
+        elif op == b"Tf":
+            set_font_operation(state, fonts, operands)
+        else:
+            state.set_state_param(op, operands)
+    return [_Run(tj.text, tj.tx, tj.displaced_tx, tj.ty, tj.font_height,
+                 not tj.rotated and tj.transform[0] > 0 and tj.font.interpretable) for tj in drawn if tj.text]
+
+
+def _gaps(runs: list[_Run]) -> tuple[str, list[bool | None], list[bool]]:
+    """The drawn characters without whitespace; before each one whether a word space
+    precedes it (None: the positions do not tell); and whether it is drawn on the same
+    printed line as the one before (a line feed inside a drawn string moves nothing)."""
+    chars: list[str] = []
+    space: list[bool | None] = []
+    same: list[bool] = []
+    prev: _Run | None = None
+    pending: bool | None = None  # True once whitespace was drawn since the last character
+    for run in runs:
+        on_line = False
+        if prev is not None:
+            if pending is not True:
+                pending = _gap(prev, run, chars[-1] if chars else "")
+            on_line = prev.measured and run.measured and abs(run.y - prev.y) <= 0.5 * max(run.em, prev.em, 1e-6)
+        for ch in run.text:
+            if ch.isspace():
+                pending = True
+                continue
+            chars.append(ch)
+            space.append(pending)
+            same.append(on_line)
+            pending, on_line = False, True
+        if run.text.strip():
+            prev = run
+    return "".join(chars), space, same
+
+
+def _gap(prev: _Run, run: _Run, last: str) -> bool | None:
+    if not (prev.measured and run.measured):
+        return None
+    em = max(run.em, prev.em, 1e-6)
+    if abs(run.y - prev.y) > 0.5 * em:
+        # A new printed line: a word ends there, unless the line ended with a hyphen.
+        return None if last in "-‐\xad" else True
+    gap = (run.x0 - prev.x1) / em
+    return True if gap >= _GAP_SPACE else False if -0.2 <= gap <= _GAP_TOUCH else None
+
+
+def _respace(text: str, runs: list[_Run]) -> tuple[str, list[int], int, int]:
+    """The page text with each word space where the glyphs put it; the new offset of every
+    old one (and of the end); how many spaces were added or removed; and how many line
+    breaks were between two characters of one printed line (a word space or nothing
+    now). Only whitespace changes: every other character stays, in its order."""
+    drawn, space, same = _gaps(runs)
+    solid = [i for i, ch in enumerate(text) if not ch.isspace()]
+    ours = "".join(text[i] for i in solid)
+    # Both passes read the content stream in one order, so the characters mostly agree;
+    # where they do not (text in form XObjects, which layout mode skips), pypdf's stay.
+    if ours == drawn:
+        known = {k: (space[k], same[k]) for k in range(len(space))}
+    else:
+        from difflib import SequenceMatcher
+
+        known = {}
+        for a, b, n in SequenceMatcher(None, ours, drawn, autojunk=False).get_matching_blocks():
+            known.update((a + k, (space[b + k], same[b + k])) for k in range(1, n))
+    out: list[str] = []
+    where = [0] * (len(text) + 1)
+    size = changed = joined = 0
+    after = 0  # just past the previous non-space character
+    for k, i in enumerate(solid):
+        gap = new = text[after:i]
+        want, on_line = known.get(k, (None, False)) if k else (None, False)
+        if "\n" in gap:
+            if on_line and want is not None and not gap.strip():
+                new = " " if want else ""
+                joined += 1
+        elif want is True and not gap:
+            new = " "
+        elif want is False and gap and not gap.strip(" "):
+            new = ""
+        changed += new != gap and "\n" not in gap
+        for j in range(after, i):
+            where[j] = size + (j - after if new == gap else len(new))
+        out.append(new)
+        size += len(new)
+        where[i] = size
+        out.append(text[i])
+        size += 1
+        after = i + 1
+    for j in range(after, len(text) + 1):
+        where[j] = size + j - after
+    out.append(text[after:])
+    return "".join(out), where, changed, joined
+
+
+def _respace_words(reader: Any, reads: list[_Read]) -> dict[int, int]:
+    """Word spaces put where the glyphs show them on the pages that need it (see above);
+    the number of spaces added or removed on each page changed."""
+    changed = {}
+    for i in _suspect_pages(reads):
+        read = reads[i]
         try:
-            layout = reader.pages[number].extract_text(extraction_mode="layout")
-        except Exception:  # layout mode fails on some pages; then the text stays as it is
+            runs = _runs(reader.pages[i])
+        except Exception:  # layout mode fails on some pages; their text stays as pypdf reads it
             continue
-        placed = Counter(w.lower() for w in _WORDS.findall(layout))
-        flat = layout.replace("\xa0", " ")
-        for ln in todo:
-            def join(m: re.Match) -> str:
-                nonlocal joined
-                a, b = m.group(1), m.group(2)
-                # Apart in the layout too ("seller's" is not "seller s": apostrophes count).
-                apart = re.search(rf"(?<![\w'’]){a}\s+{b}(?![\w'’])", flat, re.IGNORECASE)
-                if suspect(a, b) and placed[(a + b).lower()] and not apart:
-                    joined += 1
-                    return a + b
-                return m.group(0)
-
-            ln.text = _PAIR.sub(join, ln.text)
-    return joined
+        text, where, n, joined = _respace(read.text, runs)
+        if not n and not joined:
+            continue
+        for c in read.chunks:
+            start, end = where[c.start], where[c.start + len(c.text)]
+            c.start, c.text = start, text[start:end]
+        read.text = text
+        read.joined = joined
+        if n:
+            changed[i] = n
+    return changed
 
 
 # --- headers and footers -------------------------------------------------------------------

@@ -21,8 +21,10 @@ parent section longer. So a line becomes a heading only when several weak signal
 
 Annual reports (10-K) are cut by PART (I-IV) and Item (1, 1A, 7, 7A, 8, 15, ...): an Item
 heading is "Item 7." at the start of a line, its number must increase through the whole
-filing, and the pages of the table of contents — many Items on one page, with page numbers
-or from three or more PARTs — are skipped, so each Item starts where its body starts.
+filing, and the pages of the table of contents — many Items on one page, with page numbers,
+or from three or more PARTs and coming again further on — are skipped, so each Item starts
+where its body starts. An Item named at the start of a line that goes on from a sentence
+("… see" / "Item 1A - Risk Factors.") is a cross-reference unless printed in capitals.
 
 Levels come from a stack of heading *ranks* (annexes above articles/chapters above
 numbered sections, deeper numbers below), so the same rules fit contracts, specifications
@@ -431,10 +433,13 @@ def _from_lines(doc: Document) -> list[Section]:
     _mark_item_toc(cands, page_of, in_toc)
 
     prev_ended = [True] * len(lines)
+    mid_sentence = [False] * len(lines)  # the last line stopped on a word or a comma
+    last_item_line = {c.key: c.line for c in cands if c is not None and c.kind == "item" and not in_toc[c.line]}
     last_real = None
     for i, t in enumerate(texts):
         prev_ended[i] = last_real is None or _ends_sentence(last_real) or (
             i > 0 and cands[i - 1] is not None)
+        mid_sentence[i] = not prev_ended[i] and bool(re.search(r"[a-z,]$", last_real or ""))
         if not _is_trivial(t):
             last_real = t
 
@@ -463,14 +468,17 @@ def _from_lines(doc: Document) -> list[Section]:
                 continue  # "ATTACHMENT 6" repeated atop every page of the attachment
         keep = _keep_depth(stack, c)
         parent = stack[keep - 1]
+        if c.kind == "item" and not c.caps and mid_sentence[c.line] and last_item_line[c.key] > c.line:
+            continue  # "… see" / "Item 1A - Risk Factors.", with the heading further on
         if not _accept(c, stack, keep, parent, prev_ended[c.line], cn_last):
             continue
         title = c.title
         if not title and c.keyword and c.line + 1 < len(texts):
             nxt = texts[c.line + 1]
-            if nxt and cands[c.line + 1] is None and len(nxt) <= 90 and (
-                    looks_like_title(nxt) or c.kind == "chapter"):
-                title = nxt
+            if nxt and cands[c.line + 1] is None and (
+                    len(nxt) <= 90 and (looks_like_title(nxt) or c.kind == "chapter")
+                    or c.kind == "item" and len(nxt) <= 150 and _item_title(nxt)):
+                title = nxt  # "ITEM 7." on a line of its own, its title on the next
         del stack[keep:]
         if c.path is not None:
             parent.last_child[c.rank] = c.path
@@ -604,8 +612,11 @@ def _accept(c: _Cand, stack: list[_Node], keep: int, parent: _Node, prev_ended: 
         if last is not None and not (last < c.path and c.path[0] <= last[0] + 6):
             return False
         # "Item 7." at a line's start is a strong signal; the title only must not read as
-        # a sentence's continuation.
-        return not c.title or c.title[0].isupper() or c.title.startswith("[")
+        # a sentence's continuation, nor run on into one ("Item 3—Legal Proceedings—…
+        # Diversions, which includes …" is a cross-reference in running text).
+        if c.title and not (c.title[0].isupper() or c.title.startswith("[")):
+            return False
+        return c.caps or not c.title or _item_title(_first_fragment(c.title))
     if c.kind in _ANNEX_KINDS:
         if c.caps:
             return not c.title or looks_like_title(c.title) or prev_ended
@@ -656,6 +667,15 @@ def _accept(c: _Cand, stack: list[_Node], keep: int, parent: _Node, prev_ended: 
     return prev_ended and (title_like or c.rest[:1] in "“\"‘")
 
 
+def _item_title(text: str) -> bool:
+    """An Item's title as filings print it, long ones included ("Market for Registrant's
+    Common Equity, Related Stockholder Matters and Issuer Purchases of Equity Securities"):
+    mostly capitalised words, not a sentence."""
+    words = re.findall(r"[A-Za-z][\w'’\-/]*", text)
+    sig = [w for w in words if w.lower() not in _SMALL_WORDS]
+    return 0 < len(words) <= 24 and bool(sig) and sum(1 for w in sig if w[0].isupper()) >= 0.6 * len(sig)
+
+
 def _next_annex(c: _Cand, parent: _Node) -> bool:
     """'Appendix B' right after 'Appendix A' continues a sequence, whatever precedes it."""
     prev = parent.last_annex.get(c.kind)
@@ -684,11 +704,21 @@ def _mark_item_toc(cands: list[_Cand | None], page_of: list[int], toc: list[bool
             if c is not None and c.kind == "item":
                 cands[i] = None
         return
+    later: dict[tuple, int] = {}  # each Item's last page
+    for c in cands:
+        if c is not None and c.kind == "item":
+            later[c.key] = page_of[c.line]
     for page in set(by_page) | set(part_pages):
         items = by_page.get(page, [])
         numbered = sum(1 for c in items if re.search(r"\d$", c.rest.strip()))
         parts = {_item_part(c.path) for c in items} | part_pages.get(page, set())
-        if (len(items) >= 3 and (numbered >= 2 or len(items) >= 8)) or len(parts) >= 3:
+        # Three PART headings on one page only a contents page has. Without page numbers a
+        # list of Items is a contents page only where its entries come again further on: a
+        # body page holds the short Items of PARTs III and IV ("Item 10 ... incorporated by
+        # reference") from three PARTs too.
+        again = sum(1 for c in items if later[c.key] > page)
+        if numbered >= 2 and len(items) >= 3 or len(part_pages.get(page, ())) >= 3 or (
+                (len(items) >= 8 or len(parts) >= 3) and again >= max(3, len(items) // 2)):
             for c in cands:
                 if c is not None and page_of[c.line] == page and c.kind in {"item", "part"}:
                     toc[c.line] = True

@@ -1,0 +1,206 @@
+"""Many sequences at once on one GPU: the engine's batch session (engine/batch.py) against one
+request at a time, in one run, on the product's own paths; and the single-stream figures
+re-measured in the same run.
+
+A random-weight Llama-3-8B-shaped bf16 checkpoint is written with `transformers` (SmolLM2's
+tokenizer, as bench/gpu.py does) and loaded with `Engine.load(dir, device="cuda")`. Then:
+
+- review-shaped work: `--items` prompts (81: three contracts x the contract_review checklist) of
+  a shared system prompt and 1K-2.2K tokens of passages each, `--answer-tokens` greedy tokens:
+  `Engine.generate` item after item (today's review), then `Engine.generate_batch` of all of
+  them: items/s, decode tokens/s, and how many items gave the same tokens;
+- `docqa serve` (its `Server` in this process) with `--clients` concurrent clients on
+  ~4K-token prompts: aggregate decode tokens/s and per-client latency (first byte, whole
+  answer), against the same requests sent one after another;
+- single stream: the `ask` path (a 4K prompt on the dense state) and `docqa engine bench
+  --context N` (engine/benchmark.py `context_benchmark`) at `--contexts`.
+
+Random weights never emit the stop token, so every answer runs to its limit. The review's
+quote-constrained decoding chooses tokens on the host and is not exercised here (greedy only).
+
+    python3 bench/batch_gpu.py --json OUT.json   (on the GPU machine, after bench/gpu_run.sh's set-up)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS: dict = {}
+FAILED: list[str] = []
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def stage(name: str, fn, *a, **k):
+    say(f"== {name}")
+    t0 = time.time()
+    try:
+        out = fn(*a, **k)
+        say(f"   {name}: {time.time() - t0:.1f} s")
+        return out
+    except Exception as e:  # noqa: BLE001 - a failed stage is reported and fails the run
+        traceback.print_exc()
+        FAILED.append(f"{name}: {type(e).__name__}: {e}"[:300])
+        return None
+
+
+def review_prompts(engine, items: int) -> list[list[int]]:
+    """A shared system prompt, then 1K-2.2K tokens of passages (1.6K on average: a retrieved
+    `ask` prompt of the issue's review was 1,599 tokens) and a question per item."""
+    from docqa.engine.benchmark import bench_prompt
+
+    system = "You answer questions about the contract below. Quote the clause that answers, with its citation."
+    base = bench_prompt(engine.tokenizer, 2816)
+    prompts = []
+    for i in range(items):
+        n = 1024 + (i * 977) % 1152
+        start = (i * 131) % 512
+        passages = engine.tokenizer.decode(base[start:start + n])
+        prompts.append(engine.chat_prompt(f"{passages}\n\nQuestion {i}: which party may terminate, and when?",
+                                          system=system))
+    return prompts
+
+
+def review(engine, items: int, answer_tokens: int) -> dict:
+    prompts = review_prompts(engine, items)
+    engine.generate_batch(prompts[:4], 4, stop_ids=())  # the session's pool and its graphs, outside the timing
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    alone = [engine.generate(p, answer_tokens, stop_ids=()) for p in prompts]
+    torch.cuda.synchronize()
+    one_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    batched = engine.generate_batch(prompts, answer_tokens, stop_ids=())
+    torch.cuda.synchronize()
+    batch_s = time.perf_counter() - t0
+    tokens = sum(len(r.token_ids) for r in batched)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(alone, batched))
+    # bf16: a near tie can flip one token and everything after it; how far the others agree
+    agree = statistics.mean(next((k for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
+                                 len(a.token_ids)) / max(1, len(a.token_ids)) for a, b in zip(alone, batched))
+    out = {"items": items, "prompt_tokens_mean": statistics.mean(len(p) for p in prompts),
+           "answer_tokens": answer_tokens, "one_at_a_time_s": one_s, "batched_s": batch_s,
+           "items_per_s_one_at_a_time": items / one_s, "items_per_s_batched": items / batch_s,
+           "speedup": one_s / batch_s, "decode_tok_s_batched": tokens / batch_s,
+           "decode_tok_s_one_at_a_time": sum(len(r.token_ids) for r in alone) / one_s,
+           "same_tokens": same, "mean_agreeing_prefix": agree}
+    say(f"   review: {out}")
+    return out
+
+
+def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int) -> dict:
+    from docqa.app.serve import ServedEngine, Server
+    from docqa.engine.benchmark import BENCH_TEXT
+
+    words = BENCH_TEXT.split()
+    per = max(1, len(engine.tokenizer.encode(BENCH_TEXT, add_bos=False)) // len(words))
+    text = lambda i: f"Request {i}. " + " ".join(words[(i + k) % len(words)] for k in range(prompt_tokens // per))
+    srv = Server(ServedEngine(engine, "bench"), "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def post(i: int) -> dict:
+        body = {"messages": [{"role": "user", "content": text(i)}], "max_tokens": answer_tokens, "stream": True}
+        req = urllib.request.Request(srv.url + "/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        first, usage = None, None
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for line in r:
+                if line.startswith(b"data: {") and first is None and b'"content": ""' not in line:
+                    first = time.perf_counter() - t0
+                if b'"usage"' in line:
+                    usage = json.loads(line[6:])["usage"]
+        return {"first_s": first, "total_s": time.perf_counter() - t0, "tokens": usage["completion_tokens"]}
+
+    try:
+        post(0)  # warm
+        t0 = time.perf_counter()
+        seq = [post(i) for i in range(1, clients + 1)]
+        seq_s = time.perf_counter() - t0
+        got: dict[int, dict] = {}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, post(i))) for i in range(1, clients + 1)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        conc_s = time.perf_counter() - t0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    if len(got) != clients:
+        raise RuntimeError(f"{clients - len(got)} of {clients} concurrent clients got no answer")
+    lat = sorted(r["total_s"] for r in got.values())
+    firsts = sorted(r["first_s"] for r in got.values())
+    tokens = sum(r["tokens"] for r in got.values())
+    out = {"clients": clients, "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens,
+           "concurrent_s": conc_s, "sequential_s": seq_s, "decode_tok_s_concurrent": tokens / conc_s,
+           "decode_tok_s_sequential": sum(r["tokens"] for r in seq) / seq_s, "speedup": seq_s / conc_s,
+           "latency_s": {"p50": lat[len(lat) // 2], "max": lat[-1]},
+           "first_token_s": {"p50": firsts[len(firsts) // 2], "max": firsts[-1]}}
+    say(f"   serve: {out}")
+    return out
+
+
+def single_stream(engine, contexts) -> dict:
+    from docqa.bench.gpu import ask_path
+    from docqa.engine.benchmark import context_benchmark
+
+    out = {"ask": ask_path(engine)}
+    say(f"   ask path: {out['ask']}")
+    for n in contexts:
+        res = context_benchmark(engine, n, say=say)
+        out[f"bench_{n}"] = res
+        say(f"   engine bench --context {n}: prefill {res['prefill_s']:.2f} s, decode "
+            f"{res['decode_ms_per_token']:.2f} ms/token, first token {res['first_token_s'] * 1e3:.1f} ms")
+        torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=81)
+    ap.add_argument("--answer-tokens", type=int, default=64)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--serve-prompt-tokens", type=int, default=4096)
+    ap.add_argument("--serve-answer-tokens", type=int, default=128)
+    ap.add_argument("--contexts", type=int, nargs="*", default=[131072])
+    ap.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"))
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    from docqa.bench.gpu import write_checkpoint
+    from docqa.engine import Engine
+    from docqa.kernels.gpu import device_summary
+
+    RESULTS.update(device=device_summary(), torch=torch.__version__, args=vars(a))
+    ckpt = Path(tempfile.mkdtemp(prefix="docqa-batch-")) / "llama3-8b"
+    stage("write checkpoint", write_checkpoint, "llama3-8b", ckpt, Path(a.tokenizer), max(a.contexts + [8192]) + 8192)
+    engine = stage("Engine.load", Engine.load, ckpt, device="cuda")
+    if engine is not None:
+        RESULTS["review"] = stage("review: one at a time vs batched", review, engine, a.items, a.answer_tokens)
+        RESULTS["serve"] = stage("docqa serve: sequential vs concurrent clients", serve, engine, a.clients,
+                                 a.serve_prompt_tokens, a.serve_answer_tokens)
+        RESULTS["single_stream"] = stage("single stream", single_stream, engine, a.contexts)
+    RESULTS["failed"] = FAILED
+    if a.json:
+        Path(a.json).write_text(json.dumps(RESULTS, indent=1, default=str))
+    say(f"failed stages: {FAILED}" if FAILED else "all stages ok")
+    sys.exit(1 if FAILED else 0)
+
+
+if __name__ == "__main__":
+    main()

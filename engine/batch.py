@@ -1,0 +1,223 @@
+"""Many requests on one engine at once: `BatchSession` (continuous batching) and the plain loop
+that stands in for it where there is no batched forward.
+
+sequence → block manager → scheduler → model runner → here: a session owns one paged KV pool
+(engine/gpu/paged.py) and a scheduler over it; requests `add`ed to it join the running batch
+at the next `step`, each step runs one forward over the parts the scheduler picked, and a
+request leaves as soon as it ends (a stop token, its max_new_tokens, or `abort`). Each step
+every sampling sequence gets its token: greedy ones from the device's argmax (one read-back
+for the batch), those with a chooser or a temperature from their row of logits on the host.
+
+`Engine.batch_session()` gives the Triton Llama-family decoder a `BatchSession` and every other
+engine (the PyTorch model on the CPU, GLM's MLA decoder) a `SequentialSession`: the same
+interface, one request after another through `Engine.generate`. Both give, for each request,
+the `GenerationResult` its own `Engine.generate` would (greedy: the same tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence as Seq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from .block_manager import BlockManager
+from .chat import split_thinking
+from .sampling import sample
+from .scheduler import Scheduler
+from .sequence import Sequence, Status
+from .tokenizer import TextStream
+
+if TYPE_CHECKING:
+    from .generate import Engine, GenerationResult
+
+
+@dataclass(eq=False)
+class Request:
+    """A request in a session: its sequence, and when its steps happened."""
+
+    seq: Sequence
+    added: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    ended: float | None = None
+    cached_tokens: int | None = None  # prompt tokens found in the KV cache when it was first admitted
+    cancelled: bool = False  # set from any thread (`cancel`): the session ends it at its next step
+    result: GenerationResult | None = None  # once it has ended
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _picker(engine: Engine, temperature: float, top_p: float, seed: int | None,
+            choose: Callable[[torch.Tensor, list[int]], int] | None):
+    if choose is not None:
+        return lambda logits, out: int(choose(logits, out))
+    if temperature > 0:
+        g = torch.Generator(device="cpu").manual_seed(seed if seed is not None else torch.seed() & 0xFFFFFFFF)
+        return lambda logits, out: int(sample(logits, temperature=temperature, top_p=top_p, generator=g))
+    return None
+
+
+class _Session:
+    """What both sessions share: requests in, `GenerationResult`s out."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def _sequence(self, ids: Seq[int], max_new_tokens: int, stop_ids, temperature, top_p, seed, choose, on_token,
+                  block_size: int) -> Sequence:
+        tok = self.engine.tokenizer
+        stream = TextStream(tok)
+        emit = (lambda t: on_token(t, stream.push(t))) if on_token is not None else None
+        stops = frozenset(tok.stop_ids if stop_ids is None else stop_ids)
+        return Sequence(list(ids), max_new_tokens, block_size, stops, _picker(self.engine, temperature, top_p, seed, choose),
+                        emit)
+
+    def _result(self, req: Request) -> GenerationResult:
+        from .generate import GenerationResult
+
+        seq, tok = req.seq, self.engine.tokenizer
+        thinking, text = split_thinking(seq.output, tok)
+        first = req.first_token or req.ended
+        return GenerationResult(text, list(seq.output), seq.num_prompt_tokens, first - req.added, req.ended - first,
+                                seq.stop_reason, thinking)
+
+
+class BatchSession(_Session):
+    def __init__(self, engine: Engine, *, pool_tokens: int, block_size: int = 64, max_seqs: int = 64,
+                 max_tokens: int = 4096):
+        from .gpu.paged import ModelRunner, PagedKVCache
+
+        super().__init__(engine)
+        num_blocks = max(1, pool_tokens // block_size)
+        self.cache = PagedKVCache(engine.config, num_blocks, block_size, engine.dtype, engine.device)
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_tokens=max_tokens)
+        self.runner = ModelRunner(engine.model, self.cache, max_seqs=max_seqs)
+        self._requests: dict[int, Request] = {}
+
+    def add(self, ids: Seq[int], max_new_tokens: int = 256, *, stop_ids: Seq[int] | None = None,
+            temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+            choose: Callable[[torch.Tensor, list[int]], int] | None = None,
+            on_token: Callable[[int, str], None] | None = None) -> Request:
+        """Queue a request (as `Engine.generate` takes one); it runs from the next `step`."""
+        seq = self._sequence(ids, max_new_tokens, stop_ids, temperature, top_p, seed, choose, on_token,
+                             self.blocks.block_size)
+        self.scheduler.add(seq)
+        req = self._requests[seq.seq_id] = Request(seq)
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[Request]:
+        """One forward over what the scheduler picks; returns the requests that ended (those
+        cancelled since the last step too)."""
+        ended = []
+        for req in [r for r in self._requests.values() if r.cancelled]:
+            self.abort(req)
+            ended.append(req)
+        work = self.scheduler.schedule()
+        if not work:
+            if self.scheduler.has_work:
+                raise RuntimeError("the KV pool cannot hold any waiting request")
+            return ended
+        for w in work:
+            req = self._requests[w.seq.seq_id]
+            if req.cached_tokens is None:
+                req.cached_tokens = w.start  # its first blocks came from the cache
+        logits = self.runner.run(work)
+        sampling = [w.seq for w in work if w.samples]
+        greedy = logits.argmax(-1).tolist() if any(s.pick is None for s in sampling) else None
+        tokens = {}
+        for j, seq in enumerate(sampling):
+            tokens[seq.seq_id] = greedy[j] if seq.pick is None else seq.pick(logits[j].cpu(), seq.output)
+        now = time.perf_counter()
+        for seq in sampling:
+            req = self._requests[seq.seq_id]
+            if req.first_token is None:
+                req.first_token = now
+        return ended + [self._close(seq) for seq in self.scheduler.finish(work, tokens)]
+
+    def abort(self, req: Request) -> None:
+        """End a request now (its client went away): it keeps what it generated."""
+        if not req.done:
+            self.scheduler.abort(req.seq)
+            self._close(req.seq)
+
+    def _close(self, seq: Sequence) -> Request:
+        req = self._requests.pop(seq.seq_id)
+        req.ended = time.perf_counter()
+        req.result = self._result(req)
+        return req
+
+
+class SequentialSession(_Session):
+    """`BatchSession`'s interface where the engine has no batched forward: each step generates
+    one request whole through `Engine.generate`."""
+
+    def __init__(self, engine: Engine):
+        super().__init__(engine)
+        self._queue: deque[tuple[Request, dict]] = deque()
+
+    def add(self, ids: Seq[int], max_new_tokens: int = 256, *, stop_ids: Seq[int] | None = None,
+            temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+            choose: Callable[[torch.Tensor, list[int]], int] | None = None,
+            on_token: Callable[[int, str], None] | None = None) -> Request:
+        seq = Sequence(list(ids), max_new_tokens, 1)
+        req = Request(seq)
+        self._queue.append((req, dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, temperature=temperature,
+                                      top_p=top_p, seed=seed, choose=choose, on_token=on_token)))
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> list[Request]:
+        if not self._queue:
+            return []
+        req, kw = self._queue.popleft()
+        if req.cancelled:
+            return [self._aborted(req)]
+        emit = kw.pop("on_token")
+
+        def on_token(tok: int, delta: str) -> None:
+            if req.cancelled:
+                raise _Cancelled()
+            if emit is not None:
+                emit(tok, delta)
+
+        try:
+            req.result = self.engine.generate(req.seq.token_ids, **kw, on_token=on_token)
+        except _Cancelled:
+            return [self._aborted(req)]
+        req.ended = time.perf_counter()
+        req.seq.status = Status.FINISHED
+        return [req]
+
+    def abort(self, req: Request) -> None:
+        for i, (r, _) in enumerate(self._queue):
+            if r is req:
+                del self._queue[i]
+                self._aborted(req)
+                return
+
+    def _aborted(self, req: Request) -> Request:
+        req.seq.stop_reason = "aborted"
+        req.seq.status = Status.FINISHED
+        req.ended = req.first_token = time.perf_counter()
+        req.result = self._result(req)
+        return req
+
+
+class _Cancelled(Exception):
+    """A request cancelled while `Engine.generate` runs it (raised from its token callback)."""
