@@ -34,21 +34,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 from docqa.app.config import AskSettings
 from docqa.app.errors import DocqaError
 from docqa.app.service import Runtime, ask
 from docqa.app.store import Store
 from docqa.bench import corpus_split, eval_model
-from docqa.pipelines.answer.qa import judge
+from docqa.engine.default_model import resolve_model_path
+from docqa.pipelines.answer.qa import check_answer, judge
 from docqa.pipelines.answer.query import content_words, stem
 from docqa.pipelines.answer.support import answer_figure_quoted, figures, for_documents, need_of, unbacked
 from docqa.pipelines.ingest.build import ingest_file
@@ -126,19 +133,22 @@ def interleaved(qs: list[dict]) -> list[dict]:
 
 # --- asking ------------------------------------------------------------------------------------
 
-def ingest(store: Store, corpus: Path, docs: set[str]) -> dict[str, str]:
-    ids = {}
+def ingest(store: Store, corpus: Path, docs: set[str], jobs: int = 1) -> dict[str, str]:
+    """The store's id of each document, ingesting those an earlier run into the same --db did not
+    (`jobs` at a time: the 10-K filings take minutes each)."""
+    ids, todo = {}, []
     for rel in sorted(docs):
-        try:  # ingested by an earlier run into the same --db
+        try:
             ids[rel] = store.resolve(str(corpus / rel))
-            continue
         except DocqaError:
-            pass
-        print(f"ingesting {rel}", file=sys.stderr, flush=True)
-        doc = ingest_file(corpus / rel)
-        store.add_record(make_record(doc))
-        store.add_path(doc.doc_id, str(corpus / rel))
-        ids[rel] = doc.doc_id
+            todo.append(rel)
+    with ProcessPoolExecutor(jobs) if jobs > 1 and len(todo) > 1 else nullcontext() as pool:
+        parsed = (pool.map if pool else map)(ingest_file, [corpus / rel for rel in todo])
+        for rel, doc in zip(todo, parsed):
+            print(f"ingested {rel}", file=sys.stderr, flush=True)
+            store.add_record(make_record(doc))
+            store.add_path(doc.doc_id, str(corpus / rel))
+            ids[rel] = doc.doc_id
     return ids
 
 
@@ -165,11 +175,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """`docqa serve` with `model` on a free port, ready to answer."""
+def start_server(model: str, device: str | None, log: Path) -> tuple[subprocess.Popen, str]:
+    """`docqa serve` with `model` on a free port, ready to answer (the CLI run by this Python,
+    which need not have the `docqa` script beside it)."""
     port = free_port()
-    docqa = Path(sys.executable).with_name("docqa")
-    proc = subprocess.Popen([str(docqa), "serve", "--port", str(port), "--model", model],
+    cli = "import sys; from docqa.app.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", cli, "serve", "--port", str(port), "--model", model,
+                             *(["--device", device] if device else [])],
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(600):
@@ -193,21 +205,42 @@ def model_path(name: str | None) -> str | None:
     return str(p)
 
 
+def answered_ids(folder: Path, row: str) -> set[str]:
+    """The questions a row has answered: its jsonl and its workers' (ROW.jsonl, ROW.wK.jsonl)."""
+    files = [folder / f"{row}.jsonl", *folder.glob(f"{row}.w*.jsonl")]
+    return {json.loads(line)["id"] for f in files if f.exists() for line in f.open()}
+
+
 def run_row(args) -> int:
     qs = questions(args.corpus)
     per = tuple(int(x) for x in args.per_contract.split(",")) if args.per_contract else None
-    todo = interleaved(subset(qs, per, args.filings))[:args.limit]
-    out = ROWS_DIR / f"{args.row}.jsonl" if args.rows is None else Path(args.rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = {json.loads(line)["id"] for line in out.open()} if out.exists() else set()
+    todo = [q for q in subset(qs, per, args.filings) if args.part in ("all", q["part"].replace(" ", "-"))]
+    todo = interleaved(todo)[:args.limit]
+    args.dir.mkdir(parents=True, exist_ok=True)
+    done = answered_ids(args.dir, args.row)
     todo = [q for q in todo if q["id"] not in done]
-    print(f"{args.row}: {len(done)} done, {len(todo)} to ask", file=sys.stderr, flush=True)
     store = Store(args.db)
-    ids = ingest(store, args.corpus, {q["doc"] for q in todo})
+    if args.worker is None:
+        print(f"{args.row}: {len(done)} done, {len(todo)} to ask", file=sys.stderr, flush=True)
+        ids = ingest(store, args.corpus, {q["doc"] for q in todo}, args.jobs)
+        if args.workers > 1:  # each worker its own process and engine, on its share of the questions
+            procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--worker", str(k)])
+                     for k in range(args.workers)]
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops the workers too
+            try:
+                return max(p.wait() for p in procs)
+            finally:
+                for p in procs:
+                    p.terminate()
+    else:
+        todo = todo[args.worker::args.workers]
+        ids = {rel: store.resolve(str(args.corpus / rel)) for rel in {q["doc"] for q in todo}}
+    out = args.dir / (f"{args.row}.jsonl" if args.worker is None else f"{args.row}.w{args.worker}.jsonl")
     server = None
     model = model_path(args.model)
     if args.serve:
-        server, model = start_server(model_path(args.serve), out.with_suffix(".serve.log"))
+        log = Path(tempfile.gettempdir()) / f"answer_eval-{args.row}.serve.log"
+        server, model = start_server(model_path(args.serve), args.device, log)
     try:
         runtime = Runtime(store)
         settings = AskSettings(model=model, quote=not args.free_text, device=args.device)
@@ -223,6 +256,35 @@ def run_row(args) -> int:
         if server is not None:
             server.terminate()
             server.wait(30)
+    return 0
+
+
+def rejudge(args) -> int:
+    """Raw answers recorded earlier (bench/ask_eval.py's jsonl: what the model wrote) verified and
+    judged again by today's code, `--model` giving its yes/no verdict on each verified quote: the
+    judgement of "supports" measured on many answers without generating them again."""
+    by_key = {(q["doc"], q["question"]): q for q in questions(args.corpus)}
+    recorded = [json.loads(line) for f in args.rejudge for line in open(f)]
+    args.dir.mkdir(parents=True, exist_ok=True)
+    done = answered_ids(args.dir, args.row)
+    todo = [(by_key[r["doc"], r["question"]], r) for r in recorded if (r["doc"], r["question"]) in by_key]
+    todo = [(q, r) for q, r in todo if q["id"] not in done]
+    print(f"{args.row}: {len(done)} done, {len(todo)} to judge", file=sys.stderr, flush=True)
+    store = Store(args.db)
+    ids = ingest(store, args.corpus, {q["doc"] for q, _ in todo}, args.jobs)
+    runtime = Runtime(store)
+    model = model_path(args.model)
+    confirm = runtime.engine(model, args.device).confirm
+    out = args.dir / f"{args.row}.jsonl"
+    for i, (q, r) in enumerate(todo, 1):
+        t = time.perf_counter()
+        docs, passages = runtime.library.load([ids[q["doc"]]])
+        answer = check_answer(q["question"], r["raw_answer"], docs, passages[ids[q["doc"]]], [], confirm=confirm)
+        run = SimpleNamespace(**dict(answer), draft=answer.draft, model=str(resolve_model_path(model)))
+        row = dict(row=args.row, part=q["part"], corpus=q["corpus"]) | record(q, run, docs, time.perf_counter() - t)
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"[{i}/{len(todo)}] {row['status']:<11} {row['wall']:6.1f}s {q['id'][:90]}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -324,12 +386,15 @@ HEADER = ["| row | questions | tune: coverage | tune: precision | tune: wrong sh
           "| --- | --- |" + " --- |" * 8]
 
 
-def load_rows(corpus: Path) -> dict[str, list[tuple[dict, dict]]]:
+def load_rows(corpus: Path, folder: Path) -> dict[str, list[tuple[dict, dict]]]:
+    """Every recorded answer of every row in `folder`, by the row it names (a row's workers
+    write files of their own)."""
     by_id = {q["id"]: q for q in questions(corpus)}
-    out = {}
-    for f in sorted(ROWS_DIR.glob("*.jsonl")):
-        rows = [json.loads(line) for line in f.open()]
-        out[f.stem] = [(by_id[r["id"]], r) for r in rows if r["id"] in by_id]
+    out: dict[str, list[tuple[dict, dict]]] = {}
+    for f in sorted(folder.glob("*.jsonl")):
+        for r in map(json.loads, f.open()):
+            if r["id"] in by_id:
+                out.setdefault(r["row"], []).append((by_id[r["id"]], r))
     return out
 
 
@@ -339,24 +404,20 @@ def checked() -> dict[tuple[str, str], str]:
     return {(c["row"], c["id"]): c["verdict"] for c in map(json.loads, CHECKED.open())}
 
 
-def threshold_on_tune(rows, score, keep_rule, candidates) -> float:
-    """The least threshold whose shown answers on the tune part meet the precision target (the
-    most precise one when none does), answers shown = rules pass and score >= threshold."""
-    tune = [(q, r) for q, r in rows if q["part"] == "tune"]
-    best = None
+def threshold_on_tune(tune, score, keep_rule, candidates) -> float:
+    """The least threshold whose shown answers on the tune part meet the precision target,
+    answers shown = rules pass and score >= threshold; infinity (nothing shown) when none does:
+    precision first."""
     for t in sorted(candidates):
         vs = [outcome(q, r, lambda c: keep_rule(c) and score(q, c) >= t)[1] for q, r in tune]
         shown = [v for v in vs if v != "abstained"]
-        precision = sum(v == "right" for v in shown) / len(shown) if shown else 1.0
-        if precision >= TARGET and shown:
+        if shown and sum(v == "right" for v in shown) >= TARGET * len(shown):
             return t
-        if best is None or precision > best[0]:
-            best = (precision, t)
-    return best[1] if best else 0.0
+    return math.inf
 
 
 def report(args) -> int:
-    all_rows = load_rows(args.corpus)
+    all_rows = load_rows(args.corpus, args.dir)
     hand = checked()
     lines = ["# Answers a user reads, scored against the corpus gold", "",
              "Commands (each row resumes from its own jsonl in `bench/results/answers/`):", ""]
@@ -382,23 +443,34 @@ def report(args) -> int:
 def judgements(all_rows) -> list[str]:
     """Each candidate judgement of "supports", re-scored on the recorded answers; thresholds
     chosen on the tune part only."""
+    from docqa.engine.config import CheckpointError
     from docqa.engine.models.bert import load_minilm
 
-    enc = load_minilm()
+    try:
+        enc = load_minilm()
+    except CheckpointError:  # not installed (the GPU machine): that candidate is left out
+        enc = None
     pairs = sorted({(q["question"], c["quote"]) for rows in all_rows.values() for q, r in rows for c in r["cites"]
                     if c["verified"]})
     sim = {}
-    if pairs:
+    if pairs and enc is not None:
         qe = enc.encode([p[0] for p in pairs])
         ce = enc.encode([p[1] for p in pairs])
         sim = {p: float(a @ b) for p, a, b in zip(pairs, qe, ce)}
     lines = ["## Which judgement of \"supports\" meets the target",
              "",
              "Every recorded citation re-judged; the threshold of each scored judgement is the least that "
-             "meets 90 % precision on the tune part (or the most precise), then reported on both parts.",
+             "meets 90 % precision on the tune part (none: nothing is shown), then reported on both parts. "
+             "\"rules only\" is the rules of `pipelines/answer/support.py` with no threshold; when they miss "
+             "the target it is reported as they are.",
              "", *HEADER]
     for name, rows in all_rows.items():
-        logodds = [round(c["logodds"] * 4) / 4 for q, r in rows for c in r["cites"] if c.get("logodds") is not None]
+        model = Path(rows[0][1]["model"]).name
+        # each threshold is fitted on the tune questions of every row of the same model (file name:
+        # the GPU machine keeps it elsewhere)
+        tune = [(q, r) for other in all_rows.values() for q, r in other
+                if Path(r["model"]).name == model and q["part"] == "tune"]
+        logodds = [round(c["logodds"] * 4) / 4 for q, r in tune for c in r["cites"] if c.get("logodds") is not None]
         cands = [("rules only", lambda q, c: 0.0, lambda c: c["rules"], [0.0])]
         if logodds:
             cands.append(("rules + model yes/no", lambda q, c: c["logodds"] if c["logodds"] is not None else -99,
@@ -406,12 +478,14 @@ def judgements(all_rows) -> list[str]:
             cands.append(("model yes/no alone", lambda q, c: c["logodds"] if c["logodds"] is not None else -99,
                           lambda c: True, sorted(set(logodds))))
         sims = sorted({round(v, 2) for v in sim.values()})
-        cands.append(("rules + MiniLM", lambda q, c: sim.get((q["question"], c["quote"]), -1.0),
-                      lambda c: c["rules"], sims))
+        if sims:
+            cands.append(("rules + MiniLM", lambda q, c: sim.get((q["question"], c["quote"]), -1.0),
+                          lambda c: c["rules"], sims))
         for label, score, rule, grid in cands:
-            t = threshold_on_tune(rows, score, rule, grid)
+            t = threshold_on_tune(tune, score, rule, grid) if len(grid) > 1 else grid[0]
             verdict = lambda q, r, t=t, score=score, rule=rule: outcome(q, r, lambda c: rule(c) and score(q, c) >= t)[1]
-            lines += table(rows, verdict, f"{name}: {label}" + (f" ≥ {t:.2f}" if len(grid) > 1 else ""))
+            at = " (none meets the target on tune: nothing shown)" if t == math.inf else f" ≥ {t:.2f}" if len(grid) > 1 else ""
+            lines += table(rows, verdict, f"{name}: {label}{at}")
     return lines
 
 
@@ -438,7 +512,7 @@ def consistency(all_rows) -> list[str]:
 
 def sample(args) -> int:
     """Shown answers to read by hand: `--sample N` of a row, not yet checked, as jsonl to fill in."""
-    rows = load_rows(args.corpus)[args.row]
+    rows = load_rows(args.corpus, args.dir)[args.row]
     hand = checked()
     shown = [(q, r) for q, r in rows if (args.row, q["id"]) not in hand and outcome(q, r, as_shipped)[1] != "abstained"]
     for q, r in random.Random(0).sample(shown, min(args.sample, len(shown))):
@@ -462,7 +536,8 @@ COMMANDS = [
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--row", help="the row's name: its answers go to bench/results/answers/ROW.jsonl")
-    ap.add_argument("--rows", default=None, help="another jsonl for the row's answers")
+    ap.add_argument("--dir", type=Path, default=ROWS_DIR,
+                    help="the folder of the rows' jsonl files (default bench/results/answers)")
     ap.add_argument("--model", default=None, help="a checkpoint, openai:URL, or eval (the evaluation model)")
     ap.add_argument("--serve", default=None, help="start `docqa serve` with this model (or eval) and ask through it")
     ap.add_argument("--device", default=None)
@@ -470,10 +545,17 @@ def main() -> int:
     ap.add_argument("--per-contract", default=None, metavar="A,U",
                     help="A answerable and U unanswerable questions per contract (default: all)")
     ap.add_argument("--filings", default="all", choices=("all", "held-out", "tune", "none"))
+    ap.add_argument("--part", default="all", choices=("all", "tune", "held-out"), help="only this part's questions")
     ap.add_argument("--limit", type=int, default=None, help="only the first N, taken document by document in turns")
     ap.add_argument("--db", default="/tmp/docqa-answer-eval.db")
+    ap.add_argument("--jobs", type=int, default=1, help="documents ingested at a time")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes asking at once, each with its own engine (on a GPU: they share it)")
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--corpus", type=Path, default=corpus_split.CORPUS)
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--rejudge", nargs="+", type=Path, default=None, metavar="JSONL",
+                    help="judge the raw answers recorded in these jsonl again, as --row, with --model's verdict")
     ap.add_argument("--sample", type=int, default=0, help="print N shown answers of --row to check by hand")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -483,6 +565,8 @@ def main() -> int:
         return sample(args)
     if not args.row:
         ap.error("give --row (or --report)")
+    if args.rejudge:
+        return rejudge(args)
     return run_row(args)
 
 
