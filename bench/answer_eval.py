@@ -268,7 +268,8 @@ def rejudge(args) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     done = answered_ids(args.dir, args.row)
     todo = [(by_key[r["doc"], r["question"]], r) for r in recorded if (r["doc"], r["question"]) in by_key]
-    todo = [(q, r) for q, r in todo if q["id"] not in done]
+    order = {q["id"]: i for i, q in enumerate(interleaved([q for q, _ in todo]))}  # a part run spans every document
+    todo = sorted(((q, r) for q, r in todo if q["id"] not in done), key=lambda qr: order[qr[0]["id"]])[:args.limit]
     print(f"{args.row}: {len(done)} done, {len(todo)} to judge", file=sys.stderr, flush=True)
     store = Store(args.db)
     ids = ingest(store, args.corpus, {q["doc"] for q, _ in todo}, args.jobs)
@@ -398,10 +399,15 @@ def load_rows(corpus: Path, folder: Path) -> dict[str, list[tuple[dict, dict]]]:
     return out
 
 
-def checked() -> dict[tuple[str, str], str]:
+def checked() -> dict[tuple[str, str, str], str]:
+    """Verdicts read by hand: (row, question id, judgement) -> right / wrong, where the judgement
+    is the one that showed the answer ("shipped": what the product showed; "rules only")."""
     if not CHECKED.exists():
         return {}
-    return {(c["row"], c["id"]): c["verdict"] for c in map(json.loads, CHECKED.open())}
+    return {(c["row"], c["id"], c["judgement"]): c["verdict"] for c in map(json.loads, CHECKED.open())}
+
+
+JUDGEMENTS = {"shipped": lambda c: bool(c["supports"]), "rules only": lambda c: c["rules"]}
 
 
 def threshold_on_tune(tune, score, keep_rule, candidates) -> float:
@@ -430,7 +436,7 @@ def report(args) -> int:
     for name, rows in all_rows.items():
         def shipped(q, r, name=name):
             v = outcome(q, r, as_shipped)[1]
-            return hand.get((name, q["id"]), v) if v != "abstained" else v
+            return hand.get((name, q["id"], "shipped"), v) if v != "abstained" else v
         lines += table(rows, shipped, f"{name} ({len(rows)})")
     lines += ["", *judgements(all_rows), "", *agreement(all_rows, hand), "", *consistency(all_rows)]
     text = "\n".join(lines) + "\n"
@@ -494,11 +500,10 @@ def agreement(all_rows, hand) -> list[str]:
     n = agree = 0
     for name, rows in all_rows.items():
         for q, r in rows:
-            if (name, q["id"]) in hand:
-                v = outcome(q, r, as_shipped)[1]
-                if v != "abstained":
+            for judgement, keep in JUDGEMENTS.items():
+                if (name, q["id"], judgement) in hand:
                     n += 1
-                    agree += v == hand[(name, q["id"])]
+                    agree += outcome(q, r, keep)[1] == hand[name, q["id"], judgement]
     return [f"Hand-checked shown answers: {n}; the mechanical verdict agrees on {agree}."]
 
 
@@ -511,15 +516,18 @@ def consistency(all_rows) -> list[str]:
 
 
 def sample(args) -> int:
-    """Shown answers to read by hand: `--sample N` of a row, not yet checked, as jsonl to fill in."""
+    """Shown answers to read by hand: `--sample N` of a row under `--judgement`, not yet checked,
+    as jsonl lines to judge (add "verdict") and append to bench/data/answers_checked.jsonl."""
     rows = load_rows(args.corpus, args.dir)[args.row]
-    hand = checked()
-    shown = [(q, r) for q, r in rows if (args.row, q["id"]) not in hand and outcome(q, r, as_shipped)[1] != "abstained"]
+    hand, keep = checked(), JUDGEMENTS[args.judgement]
+    shown = [(q, r) for q, r in rows
+             if (args.row, q["id"], args.judgement) not in hand and outcome(q, r, keep)[1] != "abstained"]
     for q, r in random.Random(0).sample(shown, min(args.sample, len(shown))):
-        text, v = outcome(q, r, as_shipped)
+        text, v = outcome(q, r, keep)
         gold = q.get("gold_answer") or " / ".join(f"{s['text'][:200]} (p. {s['pages']})" for s in q.get("spans", []))
-        print(json.dumps(dict(row=args.row, id=q["id"], mechanical=v, question=q["question"][-160:], gold=gold,
-                              shown=text[:600], pages=[c["page"] for c in r["cites"] if c["supports"]])))
+        print(json.dumps(dict(row=args.row, id=q["id"], judgement=args.judgement, mechanical=v,
+                              question=q["question"][-160:], gold=gold, shown=text[:600],
+                              pages=[c["page"] for c in r["cites"] if c["verified"] and keep(c)])))
     return 0
 
 
@@ -557,6 +565,7 @@ def main() -> int:
     ap.add_argument("--rejudge", nargs="+", type=Path, default=None, metavar="JSONL",
                     help="judge the raw answers recorded in these jsonl again, as --row, with --model's verdict")
     ap.add_argument("--sample", type=int, default=0, help="print N shown answers of --row to check by hand")
+    ap.add_argument("--judgement", default="shipped", choices=sorted(JUDGEMENTS), help="which answers --sample reads")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.report:
