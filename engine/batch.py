@@ -91,8 +91,8 @@ class _Session:
 
 
 class BatchSession(_Session):
-    def __init__(self, engine: Engine, *, pool_tokens: int, block_size: int = 64, max_seqs: int = 64,
-                 max_tokens: int = 4096):
+    def __init__(self, engine: Engine, *, pool_tokens: int, block_size: int = 64, max_seqs: int = 128,
+                 max_tokens: int = 8192):
         from .gpu.paged import ModelRunner, PagedKVCache
 
         super().__init__(engine)
@@ -100,7 +100,7 @@ class BatchSession(_Session):
         self.cache = PagedKVCache(engine.config, num_blocks, block_size, engine.dtype, engine.device)
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_tokens=max_tokens)
-        self.runner = ModelRunner(engine.model, self.cache, max_seqs=max_seqs)
+        self.runner = ModelRunner(engine.model, self.cache)
         self._requests: dict[int, Request] = {}
 
     def add(self, ids: Seq[int], max_new_tokens: int = 256, *, stop_ids: Seq[int] | None = None,

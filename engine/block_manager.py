@@ -84,11 +84,12 @@ class BlockManager:
             out.append(bid)
         return out
 
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, seq: Sequence, reserve: int = 0) -> bool:
+        """Room for seq's blocks with `reserve` blocks left free after them."""
         cached = self._cached_prefix(seq)
         fresh = seq.num_blocks - len(cached)
         revived = sum(1 for b in cached if b not in self.used)  # free blocks the hit takes back
-        return self.num_free - revived >= fresh
+        return self.num_free - revived - reserve >= fresh
 
     def allocate(self, seq: Sequence) -> None:
         """Blocks for every token seq holds now: cached ones shared, the rest fresh."""

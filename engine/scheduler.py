@@ -1,13 +1,16 @@
 """Which sequences the next forward runs, and how many of their tokens (continuous batching).
 
-Each step: every running sequence whose prompt is in the cache decodes one token; the token
-budget left goes to prompts, in order of arrival — first those already part-way through
-their prefill, then new ones as the block manager has room for them (a prompt longer than
-the budget is prefilled in chunks across steps). So sequences join and leave the batch at
-every step, and a long prompt never stalls the others' decoding. When decoding needs a block
-and none is free, the sequence that came last is preempted: its blocks go back (their full
-ones keep their hashes, so it often finds them again) and it waits at the front of the queue
-to be prefilled again, generated tokens included.
+A step either prefills or decodes (nano-vllm's order): while prompts wait for the cache, the
+step prefills as many of them as the token budget holds, in order of arrival — first those
+already part-way through their prefill, then new ones as the block manager has room for them
+(a prompt longer than the budget is prefilled in chunks across steps), all in one forward;
+otherwise every running sequence decodes one token. So a decode step is the same shape every
+time (one token per sequence: a captured graph replays it), and sequences still join and leave
+the batch at every step. A new prompt is admitted only if one block per running sequence stays
+free besides its own, so the batch can keep decoding a while before it runs out of room; when
+decoding needs a block and none is free, the sequence that came last is preempted: its blocks
+go back (their full ones keep their hashes, so it often finds them again) and it waits at the
+front of the queue to be prefilled again, generated tokens included.
 """
 
 from __future__ import annotations
@@ -56,19 +59,11 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[Work]:
+        return self._prefill() or self._decode()
+
+    def _prefill(self) -> list[Work]:
         work: list[Work] = []
         budget = self.max_tokens
-        for seq in list(self.running):  # decode
-            if seq.num_cached_tokens < len(seq) - 1 or seq not in self.running:
-                continue  # still prefilling (below), or preempted just now
-            while not self.blocks.can_append(seq):
-                self._preempt(self.running[-1])
-                if seq not in self.running:
-                    break
-            else:
-                self.blocks.may_append(seq)
-                work.append(Work(seq, len(seq) - 1, 1))
-                budget -= 1
         for seq in self.running:  # prefills under way
             todo = len(seq) - seq.num_cached_tokens
             if todo > 1 and budget > 0:
@@ -77,7 +72,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:  # new prompts
             seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq):
+            if not self.blocks.can_allocate(seq, reserve=len(self.running)):
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq)
@@ -86,6 +81,20 @@ class Scheduler:
             n = min(len(seq) - seq.num_cached_tokens, budget)
             work.append(Work(seq, seq.num_cached_tokens, n))
             budget -= n
+        return work
+
+    def _decode(self) -> list[Work]:
+        work: list[Work] = []
+        for seq in list(self.running):
+            if seq not in self.running:
+                continue  # preempted just now
+            while not self.blocks.can_append(seq):
+                self._preempt(self.running[-1])
+                if seq not in self.running:
+                    break
+            else:
+                self.blocks.may_append(seq)
+                work.append(Work(seq, len(seq) - 1, 1))
         return work
 
     def _preempt(self, seq: Sequence) -> None:

@@ -1,29 +1,34 @@
 """The paged KV pool of batched sequences, and the model runner that runs their forwards on the
 CUDA decoder (engine/gpu/model.py `CudaDecoder`): nano-vllm's model runner, in our words.
 
-One forward takes the parts the scheduler chose (engine/scheduler.py `Work`: some tokens of
-each of several sequences — prefill chunks and single decode tokens alike) as one stack of
-rows: every projection, norm and MLP runs once over all rows (the weights are read once for
-the whole batch, which is what batching buys at decode), each row's key and value go to its
-sequence's slot in the pool (`slot = block_table[p // block_size] * block_size + p %
-block_size`), and attention runs per sequence over its own blocks through the block table.
-Attention is exact (dense): the paths that batch — `ask` over retrieved passages, reviews,
-served prompts — read a few thousand tokens each; a whole long document is one sequence's
-work (the sparse states).
+One forward takes the parts the scheduler chose (engine/scheduler.py `Work`: prefill chunks of
+several sequences, or one decode token of each running sequence) as one stack of rows: every
+projection, norm and MLP runs once over all rows (the weights are read once for the whole
+batch, which is what batching buys at decode), each row's key and value go to its sequence's
+slot in the pool (`slot = block_table[p // block_size] * block_size + p % block_size`), and
+one attention launch per layer covers every sequence, each over its own blocks through its row
+of the block tables (kernels/attention/triton_paged_attention.py). Attention is exact (dense):
+the paths that batch — `ask` over retrieved passages, reviews, served prompts — read a few
+thousand tokens each; a whole long document is one sequence's work (the sparse states).
 
-A step in which every part is one decode token replays a CUDA graph captured for the
-smallest batch-size bucket that holds it (its unused entries write to a scratch block and
-are ignored), so decoding a batch costs no more host time than decoding one sequence.
+A decode step replays a CUDA graph captured for the smallest batch-size bucket that holds it
+(its unused entries decode a dummy token in a scratch block and are ignored): the host only
+copies each sequence's token, position and block table row in, so decoding a batch costs
+little more host time than decoding one sequence. Off CUDA (the Triton interpreter in tests)
+the same step runs eagerly over the same buffers.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
 
 import torch
 
 from ..config import ModelConfig
 from ..scheduler import Work
-from .model import DENSE_WINDOW, CudaDecoder
-from ...kernels.attention.triton_sparse_attention import fused_sparse_attention
+from .model import CudaDecoder
+from ...kernels.attention.triton_paged_attention import fused_paged_attention
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # decode graphs are captured per batch size
 
@@ -46,80 +51,98 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
 
+@dataclass
+class Batch:
+    """Where a forward's rows go, on the device: row r is a token at positions[r] whose key and
+    value land in pool row slots[r]; sequence s owns rows cu_q[s]..cu_q[s+1]-1, has lens[s]
+    tokens with them, and its blocks in tables[s]."""
+
+    positions: torch.Tensor  # [T] long
+    slots: torch.Tensor  # [T] long
+    cu_q: torch.Tensor  # [S + 1] int32
+    lens: torch.Tensor  # [S] int32
+    tables: torch.Tensor  # [S, W] int32
+    max_query_len: int  # 1: a decode step
+
+
+def block_tables(work: list[Work], fill: int) -> torch.Tensor:
+    """[S, W] int32 host tensor of the parts' block tables, W the longest, padded with `fill`."""
+    width = max(len(w.seq.block_table) for w in work)
+    return torch.tensor([w.seq.block_table + [fill] * (width - len(w.seq.block_table)) for w in work],
+                        dtype=torch.int32)
+
+
 class ModelRunner:
-    def __init__(self, decoder: CudaDecoder, cache: PagedKVCache, *, max_seqs: int):
+    def __init__(self, decoder: CudaDecoder, cache: PagedKVCache):
         self.decoder, self.cache = decoder, cache
         self.device = decoder.device
-        self.graphs = self.device.type == "cuda"
-        self.max_seqs = max_seqs
         self._graphs: dict[int, _DecodeGraph] = {}
 
     @torch.inference_mode()
     def run(self, work: list[Work]) -> torch.Tensor:
         """Run the parts' tokens; fp32 logits [S, V] of the parts that sample, in order."""
-        if self.graphs and all(w.count == 1 for w in work):
-            return self._decode(work)
+        bucket = next((b for b in BUCKETS if b >= len(work)), None)
+        # a decode step (the graph returns every part's logits: a one-token prefill chunk that
+        # does not sample, possible when the token budget runs out, goes the eager way)
+        if bucket is not None and all(w.count == 1 and w.samples for w in work):
+            g = self._graphs.get(bucket)
+            if g is None:
+                g = self._graphs[bucket] = _DecodeGraph(self, bucket)
+            return g.run(work)
         return self._forward(work)
 
-    # --- eager: any mix of prefill chunks and decode tokens -------------------------------------------
+    # --- eager: prefill chunks of many sequences (any parts) ------------------------------------------
     def _forward(self, work: list[Work]) -> torch.Tensor:
-        dec, cache, dev = self.decoder, self.cache, self.device
-        bs = cache.block_size
-        tokens, positions, spans, rows = [], [], [], 0
-        for w in work:
-            tokens += w.seq.token_ids[w.start:w.start + w.count]
-            positions += range(w.start, w.start + w.count)
-            table = torch.tensor(w.seq.block_table, dtype=torch.int32)
-            spans.append((rows, rows + w.count, w.start, table.to(dev)))
-            rows += w.count
-        table_rows = [w.seq.block_table[p // bs] for w in work for p in range(w.start, w.start + w.count)]
-        pos = torch.tensor(positions, dtype=torch.long)
-        slots = (torch.tensor(table_rows, dtype=torch.long) * bs + pos % bs).to(dev)
-        x = dec.w.embed[torch.tensor(tokens, dtype=torch.long, device=dev)]
-        cos, sin = dec.cos_sin(pos.to(dev))
-        for i in range(dec.config.n_layers):
-            x = self._layer(i, x, cos, sin, slots, spans)
-        last = [b - 1 for (a, b, _, _), w in zip(spans, work) if w.samples]
-        return dec._logits(x[torch.tensor(last, device=dev)]).float()
+        dec, dev, bs = self.decoder, self.device, self.cache.block_size
+        counts = torch.tensor([w.count for w in work])
+        starts = torch.tensor([w.start for w in work])
+        cu = torch.zeros(len(work) + 1, dtype=torch.int32)
+        torch.cumsum(counts, 0, out=cu[1:])
+        tables = block_tables(work, self.cache.scratch)
+        # per row: its part, position and pool slot, with a few tensor ops over all rows
+        part = torch.repeat_interleave(torch.arange(len(work)), counts)
+        pos = starts[part] + torch.arange(len(part)) - cu[:-1][part]
+        slots = tables[part, pos // bs].long() * bs + pos % bs
+        tokens = torch.tensor(list(chain.from_iterable(w.seq.token_ids[w.start:w.start + w.count] for w in work)))
+        b = Batch(pos.to(dev), slots.to(dev), cu.to(dev), (starts + counts).int().to(dev), tables.to(dev),
+                  int(counts.max()))
+        x = self._layers(tokens.to(dev), b)
+        last = (cu[1:].long() - 1)[torch.tensor([w.samples for w in work])]
+        return dec._logits(x[last.to(dev)]).float()
 
-    def _layer(self, i: int, x, cos, sin, slots, spans) -> torch.Tensor:
+    def _layers(self, tokens: torch.Tensor, b: Batch) -> torch.Tensor:
+        dec = self.decoder
+        x = dec.w.embed[tokens]
+        cos, sin = dec.cos_sin(b.positions)
+        for i in range(dec.config.n_layers):
+            x = self._layer(i, x, cos, sin, b)
+        return x
+
+    def _layer(self, i: int, x, cos, sin, b: Batch) -> torch.Tensor:
         dec, cache = self.decoder, self.cache
         q, k, v = dec.qkv_rows(i, x, cos, sin)
-        cache.k[i].index_copy_(0, slots, k)
-        cache.v[i].index_copy_(0, slots, v)
-        o = torch.empty_like(q)
-        none = dec._empty_selection()
-        for a, b, p0, table in spans:
-            fused_sparse_attention(q[a:b], cache.k[i], cache.v[i], p0, none, cache.block_size, 0, DENSE_WINDOW,
-                                   block_table=table, out=o[a:b])
+        cache.k[i].index_copy_(0, b.slots, k)
+        cache.v[i].index_copy_(0, b.slots, v)
+        o = fused_paged_attention(q, cache.k[i], cache.v[i], b.cu_q, b.lens, b.tables, cache.block_size,
+                                  max_query_len=b.max_query_len)
         return dec.after_attention(i, x, o.view(x.shape[0], dec.q_size), decode=False)
-
-    # --- graphed: decode steps ------------------------------------------------------------------------
-    def _decode(self, work: list[Work]) -> torch.Tensor:
-        n = len(work)
-        bucket = next((b for b in BUCKETS if b >= n), None)
-        if bucket is None or bucket > self.max_seqs:
-            return self._forward(work)
-        g = self._graphs.get(bucket)
-        if g is None:
-            g = self._graphs[bucket] = _DecodeGraph(self, bucket)
-        g.load(work)
-        g.replay()
-        return g.logits[:n].float()
 
 
 class _DecodeGraph:
-    """One decode step of `size` sequences over static buffers (tokens, positions, slots, block
-    tables), captured as a CUDA graph; attention reads each sequence's position from its buffer."""
+    """One decode step of `size` sequences over static buffers (tokens, positions, block tables;
+    slots and lengths follow from those on the device), captured as a CUDA graph."""
 
     def __init__(self, runner: ModelRunner, size: int):
         dev, cache = runner.device, runner.cache
         self.runner, self.size = runner, size
         self.tok = torch.zeros(size, dtype=torch.long, device=dev)
         self.pos = torch.zeros(size, dtype=torch.long, device=dev)
-        self.slot = torch.zeros(size, dtype=torch.long, device=dev)
         self.table = torch.full((size, cache.num_blocks), cache.scratch, dtype=torch.int32, device=dev)
-        self._pad()
+        self.cu = torch.arange(size + 1, dtype=torch.int32, device=dev)
+        self.rows = torch.arange(size, device=dev)
+        self.graph = None
+        if dev.type != "cuda":
+            return
         s = torch.cuda.Stream(dev)
         s.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(s):
@@ -130,35 +153,24 @@ class _DecodeGraph:
         with torch.cuda.graph(self.graph):
             self.logits = self._step()
 
-    def _pad(self, start: int = 0) -> None:
-        """Entries start.. decode a dummy token at position 0 of the scratch block."""
-        cache = self.runner.cache
-        self.tok[start:] = 0
-        self.pos[start:] = 0
-        self.slot[start:] = cache.scratch * cache.block_size
-        self.table[start:, 0] = cache.scratch
-
     def _step(self) -> torch.Tensor:
-        r = self.runner
-        dec = r.decoder
-        x = dec.w.embed[self.tok]
-        cos, sin = dec.cos_sin(self.pos)
-        spans = [(b, b + 1, self.pos[b:b + 1], self.table[b]) for b in range(self.size)]
-        for i in range(dec.config.n_layers):
-            x = r._layer(i, x, cos, sin, self.slot, spans)
-        return dec._logits(x)
-
-    def load(self, work: list[Work]) -> None:
         bs = self.runner.cache.block_size
-        n = len(work)
-        host = torch.tensor([[w.seq.token_ids[w.start], w.start, w.seq.block_table[w.start // bs] * bs + w.start % bs]
-                             for w in work], dtype=torch.long)
-        self.tok[:n], self.pos[:n], self.slot[:n] = (host[:, j].to(self.tok.device) for j in range(3))
-        width = max(len(w.seq.block_table) for w in work)
-        tables = torch.tensor([w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in work],
-                              dtype=torch.int32)
-        self.table[:n, :width] = tables.to(self.table.device)
-        self._pad(n)
+        slots = self.table[self.rows, self.pos // bs].long() * bs + self.pos % bs
+        b = Batch(self.pos, slots, self.cu, (self.pos + 1).int(), self.table, 1)
+        return self.runner.decoder._logits(self.runner._layers(self.tok, b))
 
-    def replay(self) -> None:
+    def run(self, work: list[Work]) -> torch.Tensor:
+        """Load the sequences' tokens, positions and tables (entries past them decode a dummy
+        token at position 0 of the scratch block) and run the step: logits [n, V] fp32."""
+        n, scratch = len(work), self.runner.cache.scratch
+        host = torch.tensor([[w.seq.token_ids[w.start] for w in work] + [0] * (self.size - n),
+                             [w.start for w in work] + [0] * (self.size - n)])
+        tables = block_tables(work, scratch)
+        self.tok.copy_(host[0])
+        self.pos.copy_(host[1])
+        self.table[:n, :tables.shape[1]].copy_(tables)
+        self.table[n:, 0] = scratch
+        if self.graph is None:
+            return self._step()[:n].float()
         self.graph.replay()
+        return self.logits[:n].float()

@@ -304,6 +304,41 @@ def naive_sparse_attention(
     return (o if out is None else out.copy_(o)), (l if lse is None else lse.copy_(l))
 
 
+def naive_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+    *,
+    max_query_len: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dense causal attention of many sequences at once over one paged pool.
+
+    q [T, Hq, D] stacks the sequences' query rows: sequence s owns rows cu_seqlens_q[s] ..
+    cu_seqlens_q[s+1]-1, the last q_len_s of its seq_lens[s] tokens (a prefill chunk, possibly
+    after cached tokens, or one decode token). Its keys 0..seq_lens[s]-1 are in k, v [N, Hkv, D]
+    at the rows `logical_keys` finds through block_tables[s]; each query sees the keys up to
+    its own position. Returns out [T, Hq, D] fp32 (or fills `out`). `max_query_len` and
+    `num_splits` only say how the kernel does the work: ignored here.
+    """
+    _check(q, k, v)
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    if len(cu) != len(lens) + 1 or block_tables.shape[0] != len(lens):
+        raise ValueError(f"{len(lens)} sequences need cu_seqlens_q [{len(lens) + 1}] and block_tables [{len(lens)}, W]")
+    o = torch.zeros(q.shape, device=q.device)
+    for s, n in enumerate(lens):
+        a, b = cu[s], cu[s + 1]
+        keys, values = logical_keys(k, v, n, block_tables[s], block_size)
+        o[a:b] = naive_attention(q[a:b], keys, values, n - (b - a), scale)[0]
+    return o if out is None else out.copy_(o)
+
+
 def merge_attention(
     o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
