@@ -438,15 +438,15 @@ def run_json(run) -> dict:
 
 
 def citation_line(c, *, multi: bool = False) -> str:
-    """One citation as the CLI shows it: verified (the words are on those lines) and supports
-    (the quote answers the question) as two separate verdicts. "supports" is said only of the
-    judgement measured against the corpus gold (the rules and the model's own yes,
-    bench/results/answers.md); the rules alone (no model verdict: a stored run, a review) are
-    said to be on the question's subject, which is all they show."""
+    """One citation as the CLI shows it: verified (the words are on those lines) and whether the
+    quote answers the question, as two separate verdicts. The second is said as what was checked
+    — the model's own yes after the rules, or the rules alone (a stored run, a review) — and not
+    as "supports": no judgement measured on the corpus gold yet makes ≥ 90 % of the answers it
+    passes right (bench/results/answers.md)."""
     if not c.verified:
         return f"UNVERIFIED {c.label(with_doc=multi)} ({c.note}), not shown as support"
     moved = " (re-pointed: the model named other lines)" if c.relocated else ""
-    support = {True: "supports" if c.confirm_logodds is not None else "on the question's subject",
+    support = {True: "the model says it answers" if c.confirm_logodds is not None else "on the question's subject",
                False: "does NOT support", None: "support not judged"}[c.supports]
     why = f" ({c.note.removeprefix('does not support the answer: ')})" if c.supports is False and c.note else ""
     return f"verified, {support}{why} {c.label(with_doc=multi)}{moved}: \"{short(c.quote)}\""

@@ -11,23 +11,20 @@ shown to an unanswerable question is wrong. Verdicts read by hand (`bench/data/a
 `--sample` prints what to read) take precedence over the mechanical ones.
 
 Each row of the report is one way of answering (a model, a device, free text, a server);
-each question's outcome is appended to `--out`'s jsonl as it comes, so a killed run resumes
-where it stopped. The report (`--report`) reads every row's jsonl and writes, per row and per
-part of the corpus split (bench/corpus_split.py: tune / held out): coverage (answerable
-questions answered), precision (shown answers that are right), wrong answers shown as
-supported, unanswerable questions answered. It also re-judges the recorded citations under
-each candidate judgement of "supports" — the rules alone, the rules with the model's own
-yes/no verdict, the rules with MiniLM similarity — each threshold chosen on the tune part only.
+each question's outcome is appended to the row's jsonl (`--dir`, default bench/results/answers/)
+as it comes, so a killed run resumes where it stopped. `--rejudge` takes raw answers recorded
+earlier (bench/ask_eval.py's jsonl) and verifies and judges them again with today's code and a
+model's yes/no verdict: the judgement measured on many answers without generating them again.
+The report (`--report`) reads every row and writes, per row and per part of the corpus split
+(bench/corpus_split.py: tune / held out): coverage (answerable questions answered), precision
+(shown answers that are right), wrong answers shown as supported, unanswerable questions
+answered. It also re-judges the recorded citations under each candidate judgement of "supports"
+(the rules alone; the rules with the model's own yes/no; the yes/no alone; the rules with MiniLM
+similarity), each threshold fitted on the tune questions of the same model.
 
-    .venv/bin/python bench/answer_eval.py --row default                       # the default model, every question
-    .venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 3,1 --filings held-out
-    .venv/bin/python bench/answer_eval.py --row free-text --model eval --free-text --per-contract 2,1 --filings none
-    .venv/bin/python bench/answer_eval.py --row server --serve eval --per-contract 1,1 --filings none
-    .venv/bin/python bench/answer_eval.py --row eval-gpu --model eval --device cuda   # every question (on a GPU)
-    .venv/bin/python bench/answer_eval.py --report --out bench/results/answers.md
-
+The commands of the current page are COMMANDS below; on the GPU, bench/answer_eval_gpu.sh.
 `--model eval` is the evaluation model (bench/eval_model.py); `--serve eval` starts `docqa serve`
-with it and asks through `--model openai:…`. Rows land in `bench/results/answers/ROW.jsonl`.
+with it and asks through `--model openai:…`.
 """
 
 from __future__ import annotations
@@ -532,11 +529,13 @@ def sample(args) -> int:
 
 
 COMMANDS = [
-    ".venv/bin/python bench/answer_eval.py --row default",
-    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 3,1 --filings held-out",
-    ".venv/bin/python bench/answer_eval.py --row free-text --model eval --free-text --per-contract 2,1 --filings none",
-    ".venv/bin/python bench/answer_eval.py --row server --serve eval --per-contract 1,1 --filings none",
-    ".venv/bin/python bench/answer_eval.py --row eval-gpu --model eval --device cuda",
+    ".venv/bin/python bench/answer_eval.py --row default-rejudged --db /tmp/rejudge.db --rejudge "
+    "bench/results/ask_all_2026-11-30-s4.jsonl bench/results/ask_financebench.jsonl",
+    ".venv/bin/python bench/answer_eval.py --row eval-rejudged --model eval --db /tmp/rejudge.db --rejudge "
+    "bench/results/ask_all_2026-11-30-s4.jsonl bench/results/ask_financebench.jsonl",
+    ".venv/bin/python bench/answer_eval.py --row default --per-contract 3,2 --filings held-out --part held-out",
+    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 1,1 --filings none --part held-out",
+    "bash bench/answer_eval_gpu.sh      # on the H200 (rows eval-gpu, default-gpu, free-text-gpu, server-gpu)",
     ".venv/bin/python bench/answer_eval.py --report --out bench/results/answers.md",
 ]
 
