@@ -84,17 +84,19 @@ def ingest(
 
     Example: docqa ingest contracts/ spec.pdf --json   (or: curl -s URL | docqa ingest -)
     """
-    from .ingest import ingest_path
+    from .ingest import ingest_path, passage_encoder
 
     max_bytes = config.max_file_bytes()
     files = collect_files(paths)
+    encoder = passage_encoder()
     results: list[dict] = []
     failed = 0
     with open_store(db) as store, IngestProgress(err, len(files), lines=not as_json) as progress:
         for f in files:
             progress.start_file(f.name)
             try:
-                result = ingest_path(store, f, max_bytes=max_bytes, segment_tokens=segment_tokens, on_page=progress.page)
+                result = ingest_path(store, f, max_bytes=max_bytes, segment_tokens=segment_tokens, on_page=progress.page,
+                                     encoder=encoder)
             except IngestError as e:
                 failed += 1
                 results.append({"path": str(f), "error": e.reason})

@@ -155,6 +155,8 @@ class IngestProgress:
     take under a second) or of its pages to OCR, and none at all without `lines`."""
 
     _LINE_PAGES = 10
+    # What each step counts: pages read, pages OCR'd, passages given their vectors.
+    _STEPS = {"pages": ("pages", "pages"), "ocr": ("pages OCR'd", "pages"), "encoding": ("passages encoded", "passages")}
     clock = staticmethod(time.monotonic)  # a test sets its own
 
     def __init__(self, console: Console, files: int, *, lines: bool = True):
@@ -191,7 +193,7 @@ class IngestProgress:
             self._bars.update(self._pages, visible=False, completed=0, total=None, rate="")
 
     def page(self, step: str, done: int, total: int) -> None:
-        """The parser's `on_page` callback: step "pages" (text) or "ocr"."""
+        """The parser's `on_page` callback: step "pages" (text), "ocr" or "encoding" (passage vectors)."""
         now = self.clock()
         if step != self._step:
             # a step is timed from where the one before it ended (OCR follows the text pass)
@@ -199,15 +201,15 @@ class IngestProgress:
         self._last = now
         rate = done / max(now - self._t0, 1e-9)
         left = f", {(total - done) / rate:.0f} s left" if done < total and rate > 0 else ""
-        what = "pages" if step == "pages" else "pages OCR'd"
+        what, unit = self._STEPS.get(step, (step, "items"))
         if self._bars is not None:
             self._bars.update(self._pages, visible=True, completed=done, total=total,
-                              description=f"  {what}", rate=f"{rate:.1f} pages/s{left}")
+                              description=f"  {what}", rate=f"{rate:.1f} {unit}/s{left}")
         elif self.lines and (total >= self._LINE_PAGES or step == "ocr"):  # OCR: seconds a page
             tenth = done * 10 // total
             if (step, tenth) != self._tenth and tenth > 0:
                 self._tenth = (step, tenth)
-                self.console.print(f"{self.name}: {done:,}/{total:,} {what} ({rate:.1f} pages/s{left})")
+                self.console.print(f"{self.name}: {done:,}/{total:,} {what} ({rate:.1f} {unit}/s{left})")
 
     def file_done(self) -> None:
         if self._bars is not None:

@@ -6,6 +6,10 @@ parsed again, only its new path recorded. Anything else is parsed into its compl
 (`pipelines.ingest.record.build_record`) and written in one transaction. `ingest_path` does
 both in this process; an executor whose workers do not share the database runs
 `parse_source` on a worker and `add_record` here (see `review_cli`).
+
+`docqa ingest` also gives each passage its vector for dense retrieval (`PassageEncoder`, the
+bundled MiniLM); a document stored without them (by `docqa review`, a Ray worker, or before
+vectors existed) gets them on its first question (`service.Library.dense`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from ..pipelines.ingest.source import Source, detect_type, doc_id_for, load
 from . import config
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..pipelines.ingest.build import PageProgress
     from ..pipelines.document import Record
     from .store import Store
@@ -72,25 +78,58 @@ def add_record(store: Store, source: Source, record: Record) -> dict:
     return {**out, "status": status}
 
 
-def build_record(source: Source, *, segment_tokens: int = SEGMENT_TOKENS,
-                 on_page: PageProgress | None = None) -> Record:
+class PassageEncoder:
+    """The bundled MiniLM sentence encoder for passages (`engine.models.bert`), loaded on first
+    use: a command that stores nothing new never loads torch."""
+
+    def __init__(self):
+        from ..engine.models.bert_numpy import MAX_LENGTH, MINILM_NAME
+
+        self.name = f"{MINILM_NAME}/{MAX_LENGTH}"
+        self._encoder = None
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if self._encoder is None:
+            from ..engine.models.bert import load_minilm
+
+            self._encoder = load_minilm()
+            assert self._encoder.name == self.name, (self._encoder.name, self.name)
+        return self._encoder.encode(texts)
+
+
+def passage_encoder() -> PassageEncoder | None:
+    """The passage encoder, or None where the MiniLM package is not installed (documents are
+    then stored without vectors, and search is lexical)."""
+    from ..engine.config import CheckpointError
+    from ..engine.models.bert_numpy import minilm_folder
+
+    try:
+        minilm_folder()
+    except CheckpointError:
+        return None
+    return PassageEncoder()
+
+
+def build_record(source: Source, *, segment_tokens: int = SEGMENT_TOKENS, on_page: PageProgress | None = None,
+                 encoder: PassageEncoder | None = None) -> Record:
     # Imported on first use: `docqa --help` must not load the parsers (bench/startup.py).
     from ..pipelines.ingest.record import build_record
 
-    return build_record(source, segment_tokens=segment_tokens, on_page=on_page)
+    return build_record(source, segment_tokens=segment_tokens, on_page=on_page, encoder=encoder)
 
 
-def ingest_path(store: Store, path: Path, *, max_bytes: int | None = None,
-                segment_tokens: int = SEGMENT_TOKENS, on_page: PageProgress | None = None) -> dict:
+def ingest_path(store: Store, path: Path, *, max_bytes: int | None = None, segment_tokens: int = SEGMENT_TOKENS,
+                on_page: PageProgress | None = None, encoder: PassageEncoder | None = None) -> dict:
     """Ingest one file (or `-`) into `store`: its summary (doc id, path, type, counts, status
     "added" / "already ingested" / "new path"). `on_page(step, done, total)` while a PDF's
-    pages are read. Raises `IngestError` for a file that cannot be ingested; the store is
-    then unchanged."""
+    pages are read and while passages are encoded (`encoder`: None stores no vectors).
+    Raises `IngestError` for a file that cannot be ingested; the store is then unchanged."""
     source = open_source(path, max_bytes)
     known = add_known(store, source)
     if known is not None:
         return known
-    return add_record(store, source, build_record(source, segment_tokens=segment_tokens, on_page=on_page))
+    record = build_record(source, segment_tokens=segment_tokens, on_page=on_page, encoder=encoder)
+    return add_record(store, source, record)
 
 
 def parse_source(source: Source) -> dict:

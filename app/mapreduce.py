@@ -17,7 +17,6 @@ from dataclasses import asdict
 from ..pipelines.answer.mapreduce import Extraction, map_segment, reduce_extractions
 from ..pipelines.answer.qa import Generate, evidence_citations, judge
 from ..pipelines.answer.support import for_documents, need_of
-from ..pipelines.answer.retrieval import retrieve
 from .service import AskSettings, Runtime
 from .runs import Run, save_run
 from .store import Store
@@ -69,7 +68,7 @@ def map_reduce(
         if on_progress:
             on_progress(i + 1, len(todo))
     t1 = time.perf_counter()
-    ranked = retrieve(question, docs, passages, fts=library.fts, k=settings.evidence)
+    ranked = library.retrieve(question, docs, passages, settings.evidence)
     extractions = [done[(d.doc_id, s.index)] for d, s in todo]
     answer = reduce_extractions(question, docs, extractions, evidence_citations(docs, ranked, settings.evidence))
     # Each merged citation says whether it supports an answer; a list over the whole document

@@ -316,6 +316,20 @@ def m008_passage_titles(db: Database) -> None:
                             [(t, r["id"]) for t, r in zip(titles, rows)])
 
 
+def m009_passage_vectors(db: Database) -> None:
+    """Each document's passage vectors for dense retrieval, one row per document: the matrix
+    (float16, row-major, one row per passage in passage order) and the name of what made it
+    (`pipelines.ingest.passages.vectors_name`). Documents stored before have none; their
+    first question makes them (`app.service.Library.dense`)."""
+    _run(db, ["""CREATE TABLE passage_vectors (
+        doc_id TEXT PRIMARY KEY REFERENCES documents(doc_id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        rows INTEGER NOT NULL,
+        dim INTEGER NOT NULL,
+        vectors BLOB NOT NULL
+    )"""])
+
+
 class _SectionOf:
     """What `passage_titles` reads of a passage: the section it lies in."""
 
@@ -324,7 +338,8 @@ class _SectionOf:
 
 
 MIGRATIONS: list[Callable[[Database], None]] = [m001_initial, m002_passages, m003_runs, m004_jobs, m005_map_results,
-                                                m006_summaries, m007_citation_supports, m008_passage_titles]
+                                                m006_summaries, m007_citation_supports, m008_passage_titles,
+                                                m009_passage_vectors]
 
 
 def applied(db: Database) -> set[str]:

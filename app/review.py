@@ -38,7 +38,6 @@ from ..pipelines.answer.conflicts import Finding, detect_conflicts
 from ..pipelines.document import Document
 from ..pipelines.document import Passage
 from ..pipelines.answer.qa import Answer, answer_question
-from ..pipelines.answer.retrieval import retrieve
 from .service import EVIDENCE_POOL, AskSettings, Runtime, ask
 from .checklist import Checklist, ChecklistItem
 from .errors import DocqaError
@@ -230,9 +229,7 @@ def prepare_item(runtime: Runtime, task: dict, share: Callable = lambda v: v) ->
         payload = {"task": task, "doc": share(docs[task["doc_id"]])}
         if item.compare is None:
             # As `ask()` ranks for a question (retrieval with the item's hints as the query).
-            payload["ranked"] = retrieve(item.query(), docs, passages, fts=library.fts,
-                                         page_fts=library.page_fts,
-                                         k=max(settings.passages, EVIDENCE_POOL))
+            payload["ranked"] = library.retrieve(item.query(), docs, passages, max(settings.passages, EVIDENCE_POOL))
         else:
             payload["passages"] = passages[task["doc_id"]]
             payload["runs"] = _compare_runs(store, task, item)

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from ..pipelines.document import Document
-from ..pipelines.document import Passage
+import numpy as np
+
+from ..pipelines.document import Document, Encoder, Passage
 from ..pipelines.answer.qa import answer_question, answer_read_all
-from ..pipelines.answer.retrieval import retrieve
+from ..pipelines.answer.retrieval import Dense, retrieve
 from . import config
 from .config import AskSettings
 from .errors import DocqaError
@@ -39,12 +40,17 @@ EVIDENCE_POOL = 40
 
 
 class Library:
-    """Documents and their passages loaded from the store once per process."""
+    """Documents, their passages and passage vectors loaded from the store once per process,
+    and retrieval over them as `docqa ask` runs it (`retrieve`)."""
 
     def __init__(self, store: Store):
         self.store = store
         self._docs: dict[str, Document] = {}
         self._passages: dict[str, list[Passage]] = {}
+        self._vectors: dict[str, np.ndarray] = {}
+        self._question_encoder: Encoder | None = None
+        self._passage_encoder: Encoder | None = None  # loaded only for a document without vectors
+        self._no_encoder = False  # the MiniLM package is not installed: lexical search only
 
     def load(self, refs: list[str]) -> tuple[dict[str, Document], dict[str, list[Passage]]]:
         ids = list(dict.fromkeys(self.store.resolve(r) for r in refs))
@@ -61,6 +67,51 @@ class Library:
     def page_fts(self, expression: str, doc_ids: list[str], limit: int) -> list[tuple[str, int, float]]:
         hits = self.store.search("", doc_ids, limit, unit="pages", match=expression)
         return [(h.doc_id, h.index, h.bm25) for h in hits]
+
+    def dense(self, doc_ids: list[str], on_progress: Progress | None = None) -> Dense | None:
+        """Dense retrieval's inputs for loaded documents: their stored passage vectors and the
+        question encoder (numpy: no torch for an evidence-only question). A document stored
+        without vectors, or with another encoder's, gets them now, once (the torch encoder;
+        `on_progress("encoding passages", done, total)`). None without the MiniLM package."""
+        from ..engine.config import CheckpointError
+        from ..engine.models.bert_numpy import load_question_encoder
+        from ..pipelines.ingest.passages import vectors_name
+
+        if self._question_encoder is None and not self._no_encoder:
+            try:
+                self._question_encoder = load_question_encoder()
+            except CheckpointError:  # the MiniLM package is not installed
+                self._no_encoder = True
+        if self._question_encoder is None:
+            return None
+        name = vectors_name(self._question_encoder)
+        for did in doc_ids:
+            if did not in self._vectors:
+                stored = self.store.passage_vectors(did)
+                if stored is None or stored.name != name:
+                    stored = self._make_vectors(did, on_progress)
+                self._vectors[did] = stored.matrix
+        return Dense({d: self._vectors[d] for d in doc_ids}, self._question_encoder)
+
+    def _make_vectors(self, doc_id: str, on_progress: Progress | None):
+        from ..pipelines.ingest.passages import passage_titles, passage_vectors
+        from .ingest import PassageEncoder
+
+        if self._passage_encoder is None:
+            self._passage_encoder = PassageEncoder()
+        passages = self._passages[doc_id]
+        report = (lambda done, total: on_progress("encoding passages", done, total)) if on_progress else None
+        vectors = passage_vectors(passages, passage_titles(self._docs[doc_id].sections, passages),
+                                  self._passage_encoder, report)
+        self.store.set_passage_vectors(doc_id, vectors)
+        return vectors
+
+    def retrieve(self, query: str, docs: dict[str, Document], passages: dict[str, list[Passage]], k: int,
+                 on_progress: Progress | None = None) -> list[Passage]:
+        """The `k` best passages of loaded documents for `query`: the store's full-text
+        indexes, the passage vectors, every signal fused (`pipelines.answer.retrieval`)."""
+        return retrieve(query, docs, passages, fts=self.fts, page_fts=self.page_fts,
+                        dense=self.dense(list(docs), on_progress), k=k)
 
 
 class Runtime:
@@ -121,8 +172,7 @@ def ask(
     docs, passages = library.load(refs)
     # Enough passages that the evidence can show `settings.evidence` distinct pages; the
     # context reads the first `settings.passages` of them.
-    ranked = retrieve(query or question, docs, passages, fts=library.fts, page_fts=library.page_fts,
-                      k=max(settings.passages, EVIDENCE_POOL))
+    ranked = library.retrieve(query or question, docs, passages, max(settings.passages, EVIDENCE_POOL), on_progress)
     t1 = time.perf_counter()
     model = None
     prompt = ReadAllPrompt(*docs.values(), question, settings) if settings.read_all and len(docs) == 1 else None

@@ -22,7 +22,9 @@ from typing import Iterator, Literal
 
 from sqlite_utils import Database
 
-from ..pipelines.document import Anchor, Chunk, Document, Line, Page, Passage, Record, Section, Span
+import numpy as np
+
+from ..pipelines.document import Anchor, Chunk, Document, Line, Page, Passage, PassageVectors, Record, Section, Span
 from ..pipelines.fulltext import TITLE_WEIGHT, TOKENIZERS, build_match, index_text
 from .config import BUSY_TIMEOUT_S
 from .errors import AmbiguousDocument, DocumentNotFound, PageOutOfRange, StoreBusy, StoreDamaged, StoreError
@@ -228,6 +230,25 @@ class Store:
             db.conn.executemany(f"INSERT INTO {fts_table(unit, tok)} (rowid, {', '.join(cols)})"
                                 f" VALUES (?{', ?' * len(cols)})",
                                 [(rowid, *cells) for rowid, cells in zip(rowids[unit], rows, strict=True)])
+        if record.vectors is not None:
+            if len(record.vectors.matrix) != len(record.passages):
+                raise ValueError(f"{did}: {len(record.vectors.matrix)} passage vectors for {len(record.passages)} passages")
+            self._write_vectors(db, did, record.vectors)
+
+    @staticmethod
+    def _write_vectors(db: Database, doc_id: str, vectors: PassageVectors) -> None:
+        # float16: half the bytes of float32, and cosine ranks move only between near ties.
+        m = np.ascontiguousarray(vectors.matrix, dtype=np.float16)
+        db.execute("INSERT OR REPLACE INTO passage_vectors (doc_id, name, rows, dim, vectors) VALUES (?, ?, ?, ?, ?)",
+                   [doc_id, vectors.name, m.shape[0], m.shape[1] if m.ndim == 2 else 0, m.tobytes()])
+
+    def set_passage_vectors(self, doc_id: str, vectors: PassageVectors) -> None:
+        """Store (or replace) a document's passage vectors, made after it was stored."""
+        with self.transaction() as db:
+            n = db.execute("SELECT count(*) FROM passages WHERE doc_id = ?", [doc_id]).fetchone()[0]
+            if len(vectors.matrix) != n:
+                raise ValueError(f"{doc_id}: {len(vectors.matrix)} passage vectors for {n} passages")
+            self._write_vectors(db, doc_id, vectors)
 
     def rename(self, ref: str, title: str) -> str:
         """Give a document a title (what `docs`, reviews and exports show); its doc id."""
@@ -352,6 +373,15 @@ class Store:
             Passage(index=r.pop("idx"), element_id=r.pop("label"), **{k: v for k, v in r.items() if k not in ("id", "titles")})
             for r in self.db.query("SELECT * FROM passages WHERE doc_id = ? ORDER BY idx", [doc_id])
         ]
+
+    def passage_vectors(self, doc_id: str) -> PassageVectors | None:
+        """The document's passage vectors (float32, one row per passage), None if it has none."""
+        row = self.db.execute("SELECT name, rows, dim, vectors FROM passage_vectors WHERE doc_id = ?",
+                              [doc_id]).fetchone()
+        if row is None:
+            return None
+        name, rows, dim, blob = row
+        return PassageVectors(name, np.frombuffer(blob, dtype=np.float16).reshape(rows, dim).astype(np.float32))
 
     @staticmethod
     def _page(r: dict) -> Page:

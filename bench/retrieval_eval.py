@@ -1,26 +1,27 @@
-"""Evidence retrieval on the CUAD gold subset: is a gold page among the top-k cited pages?
+"""Evidence retrieval on the CUAD gold of the corpus's fifteen contracts: is a gold page
+among the first 1/3/5 distinct pages that `docqa ask --evidence-only` shows?
 
-For each answerable question whose gold spans carry PDF pages, the ranked passages of
-`pipelines.answer.retrieval` are turned into distinct pages (as citations show them) and recall@1/3/5
-is the share of questions with a gold page among the first 1/3/5. Each method is a set of
-signal weights, so every component is measured alone and in the fusion. The 50 unanswerable
-questions show what the top scores look like when nothing answers (for a "not found" cut).
+Every answerable gold record whose spans carry PDF pages (both gold files,
+`bench/corpus_split.cuad_questions`) is asked of its contract; the ranked passages of
+`pipelines.answer.retrieval` become distinct evidence pages (`evidence_passages`, as
+citations show them). Recall@1/3/5 is reported per corpus part — "tune" (the documents rules
+and weights were fitted on) and "held out" (never looked at for fitting) — for the product
+(lexical signals fused with dense retrieval, the body ranked before exhibits), for the
+lexical signals alone, for dense retrieval alone, and for the product without each signal;
+then, per kind of question (a figure, a business fact, a clause), the hits at each dense
+weight: the grid the product's one weight was chosen from, on the tuning part.
 
-    .venv/bin/python bench/retrieval_eval.py [--embeddings] [--cache DIR] [--out FILE]
+    .venv/bin/python bench/retrieval_eval.py [--cache DIR] [--no-dense] [--out FILE]
 
-`--cache` keeps parsed documents and passage embeddings between runs (pickle/npz). The
-report ends with a `Figures` line; the newest one in bench/results/retrieval.md is what the
-regression tests (tests/test_retrieval.py) hold the product to (`expected()`).
-
-Beside the final (product) method, which includes a page-level bm25 signal at weight 0.75
-and ranks definitions last in its two broad signals: the method without each of those, the
-page signal at 0.5 and 1, the method as it was before both changes, and page scores summed
-over passages; with
-`--embeddings` the sentence encoder as a second stage (reranking the
-lexical method's first N passages), as a second retriever, and on passages prefixed with
-their section titles. Because every such variant has a knob, a leave-one-contract-out
-check picks the best variant on two contracts and scores it on the third
-(`split_check`), so a gain that only fits these 67 questions shows up as such.
+`--cache DIR` keeps the parsed contracts (keyed by the source of the ingest pipeline, so a
+parser change re-parses) and every passage vector (keyed by the text embedded and the
+encoder), so a re-run neither re-parses nor re-encodes. Passage vectors are made as ingest
+makes them (`ingest.passages.passage_vectors`, the torch encoder); questions are embedded as
+`docqa ask` embeds them (`bert_numpy`). The report ends with a `Figures` line: the newest one
+in bench/results/retrieval.md is what tests/test_retrieval.py holds the product to
+(`expected()`), among them the lexical recall on the six smallest contracts (`SMALL`), which
+the default test run checks in a few seconds. `bench/filings_eval.py` runs the same machinery
+on the 10-K filings.
 """
 
 from __future__ import annotations
@@ -32,31 +33,289 @@ import pickle
 import statistics
 import sys
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from docqa.bench.corpus_split import cuad_questions
 from docqa.pipelines.answer.memory_fts import MemoryFts, MemoryPageFts
-from docqa.pipelines.answer.query import analyze
-from docqa.pipelines.answer.retrieval import FTS_LIMIT, RRF_K, WEIGHTS, Encoder, _bm25, _pages, fuse, signals
-from docqa.pipelines.document import Passage
-from docqa.pipelines.ingest.passages import make_passages, passage_titles
+from docqa.pipelines.answer.figures import analyze_figures
+from docqa.pipelines.answer.retrieval import WEIGHTS, Dense, evidence_passages, fuse, rank, signals
+from docqa.pipelines.document import Document, Encoder, Passage
+from docqa.pipelines.ingest.passages import make_passages, passage_titles, passage_vectors, vector_texts, vectors_name
 
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
-GOLD = CORPUS / "qa" / "cuad_gold_subset_3contracts.jsonl"
-
-RESULTS = Path(__file__).resolve().parent / "results" / "retrieval.md"
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "corpus"
+RESULTS = ROOT / "bench" / "results" / "retrieval.md"
 FIGURES = "Figures (recall@5; the regression floors): "
+EVIDENCE = 5  # distinct pages shown as evidence (AskSettings.evidence)
+POOL = 40  # passages retrieved, as app.service's EVIDENCE_POOL
+KS = (1, 3, 5)
+PARTS = ("tune", "held out")
+# What a parsed document is made by (passages and vectors are made on every run, from it):
+# a change to any of these parses again.
+PIPELINE_SOURCES = ("pipelines/document.py", "pipelines/textnorm.py", "pipelines/ingest/*.py")
+NOT_PARSING = ("passages.py", "record.py")
 
 
-def figures(r: dict) -> dict[str, float]:
-    """recall@5 of the final method, of it chosen on two contracts and scored on the third,
-    and (with --embeddings) of "all fused": what the regression tests hold the product to."""
-    out = {"lexical fused": r["recall"][r["final"]][5],
-           "held out": sum(f["hits"][2] for f in r["split_lexical"]) / r["n"]}
-    if "all fused" in r["recall"]:
-        out["all fused"] = r["recall"]["all fused"][5]
-    return {k: round(v, 3) for k, v in out.items()}
+def pipeline_hash() -> str:
+    h = hashlib.sha256()
+    for pattern in PIPELINE_SOURCES:
+        for path in sorted(ROOT.glob(pattern)):
+            if path.name not in NOT_PARSING:
+                h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def load_corpus(pattern: str, cache: Path | None) -> dict[str, Document]:
+    """{file name: Document} for the corpus PDFs matching `pattern`, parsed as ingest parses
+    them; with `cache`, each document is parsed once per version of the pipeline."""
+    from docqa.pipelines.ingest.build import ingest_file
+
+    docs = {}
+    for f in sorted((CORPUS / "pdf").glob(pattern)):
+        pkl = cache / "docs" / f"{f.stem}-{pipeline_hash()}.pkl" if cache else None
+        if pkl and pkl.exists():
+            docs[f.name] = pickle.loads(pkl.read_bytes())
+            continue
+        t = time.perf_counter()
+        docs[f.name] = ingest_file(f)
+        print(f"parsed {f.name}: {len(docs[f.name].pages)} pages in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        if pkl:
+            pkl.parent.mkdir(parents=True, exist_ok=True)
+            pkl.write_bytes(pickle.dumps(docs[f.name]))
+    return docs
+
+
+# The six smallest contracts (10-22 pages; three tune, three held out): the default test
+# run's cut-down case.
+SMALL = ("contract_BellringBrandsInc_*", "contract_LIMEENERGYCO_*", "contract_MEDIWOUNDLTD_*",
+         "contract_MJBIOTECH_INC_*", "contract_Quaker_Chemical_*", "contract_VirtuosoSurgicalInc_*")
+
+
+def load_docs(cache: Path | None = None, small: bool = False) -> dict[str, Document]:
+    if small:
+        return {name: doc for pattern in SMALL for name, doc in load_corpus(pattern + ".pdf", cache).items()}
+    return load_corpus("contract_*.pdf", cache)
+
+
+def is_small(doc_file: str) -> bool:
+    return any(Path(doc_file).match(pattern + ".pdf") for pattern in SMALL)
+
+
+class VectorCache:
+    """Passage vectors made as ingest makes them, kept in `folder` (one .npy per document and
+    encoder, keyed by a hash of the texts embedded) when given."""
+
+    def __init__(self, encoder: Encoder, folder: Path | None):
+        self.encoder, self.folder = encoder, folder
+        self.encoded = 0  # passages encoded in this process
+        self.seconds = 0.0
+
+    def vectors(self, doc: Document, passages: Sequence[Passage]) -> np.ndarray:
+        titles = passage_titles(doc.sections, passages)
+        h = hashlib.sha256(vectors_name(self.encoder).encode())
+        for text in vector_texts(passages, titles):
+            h.update(text.encode() + b"\0")
+        path = self.folder / f"{h.hexdigest()[:20]}.npy" if self.folder else None
+        if path and path.exists():
+            return np.load(path)
+        t = time.perf_counter()
+        matrix = passage_vectors(passages, titles, self.encoder).matrix
+        self.seconds += time.perf_counter() - t
+        self.encoded += len(passages)
+        print(f"encoded {len(passages)} passages of {Path(doc.path).name} in {time.perf_counter() - t:.0f} s",
+              file=sys.stderr)
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(path, matrix)
+        return matrix
+
+
+def dense_index(docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]],
+                cache: Path | None) -> tuple[Dense, VectorCache]:
+    """The documents' passage vectors (made, or read from the cache) and the question encoder."""
+    from docqa.engine.models.bert import load_minilm
+    from docqa.engine.models.bert_numpy import load_question_encoder
+
+    vc = VectorCache(load_minilm(), cache / "vectors" if cache else None)
+    vectors = {d: vc.vectors(doc, passages[d]) for d, doc in docs.items()}
+    return Dense(vectors, load_question_encoder()), vc
+
+
+# --------------------------------------------------------------------------------------
+# Methods: each turns a question's signals into a ranking (passage keys, best first).
+
+Method = Callable[[dict], list]
+
+
+def ranked(row: dict, weights: Mapping[str, float] | None = None) -> list:
+    """The question's passages as `retrieve()` orders them (`retrieval.rank`), under `weights`
+    (None: the product's)."""
+    return [k for k, _ in rank(row["question"], row["docs"], row["passages"], row["sig"], weights)]
+
+
+def weighted(weights: Mapping[str, float]) -> Method:
+    return lambda row: ranked(row, weights)
+
+
+def product(row: dict) -> list:
+    return ranked(row)
+
+
+def without(name: str) -> Method:
+    return weighted({**WEIGHTS, name: 0.0})
+
+
+lexical = without("dense")
+
+
+def exhibits_in_place(row: dict) -> list:
+    """The product's fusion with exhibits left where the signals rank them."""
+    return [k for k, _ in fuse(row["sig"], WEIGHTS)]
+
+
+FINAL, LEXICAL = "product: lexical + dense, body before exhibits", "lexical signals alone (product without dense)"
+
+
+def methods(signal_names: Sequence[str]) -> dict[str, Method]:
+    out = {FINAL: product, LEXICAL: lexical, "dense alone": weighted({"dense": 1.0}),
+           "bm25 + thesaurus alone": weighted({"bm25_terms": 1.0}),
+           "product with exhibits where they rank": exhibits_in_place}
+    for name in signal_names:
+        if name not in ("dense", "bm25_plain"):
+            out[f"product without {name}"] = without(name)
+    return out
+
+
+def kind(row: dict) -> str:
+    """What a question asks: a figure (`figures.analyze_figures`), a clause (a CUAD question
+    that asks none), or a business fact (a filing question that asks none)."""
+    if analyze_figures(row["question"]).wanted:
+        return "figure"
+    return "clause" if "category" in row["g"] else "business fact"
+
+
+DENSE_GRID = (0.0, 0.25, 0.5, 1.0, 2.0)
+
+
+def kind_grid(rows: Sequence[dict]) -> list[str]:
+    """Hits@1/3/5 per kind of question and corpus part at each dense weight (the other
+    weights as the product's): whether questions of one kind want another weight."""
+    lines = ["| kind | part | n | " + " | ".join(f"dense {w:g}" for w in DENSE_GRID) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in DENSE_GRID) + " |"]
+    for k in ("figure", "business fact", "clause"):
+        for part in PARTS:
+            sel = [r for r in rows if kind(r) == k and r["part"] == part]
+            if not sel:
+                continue
+            cells = []
+            for w in DENSE_GRID:
+                hits = [0, 0, 0]
+                for r in sel:
+                    shown = pages_of(ranked(r, {**WEIGHTS, "dense": w}), r["by_key"])
+                    for i, n in enumerate(KS):
+                        hits[i] += bool(r["gold"] & set(shown[:n]))
+                cells.append("/".join(map(str, hits)))
+            lines.append(f"| {k} | {part} | {len(sel)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def pages_of(ranking: Sequence, by_key: Mapping, k: int = EVIDENCE) -> list[int]:
+    """The evidence pages a ranking shows: its first `k` distinct pages."""
+    return [p.span.page for p in evidence_passages([by_key[key] for key in ranking if key in by_key], k)]
+
+
+# --------------------------------------------------------------------------------------
+# Running the questions
+
+
+def run(questions: Sequence[dict], docs_by_file: Mapping[str, Document], dense_cache: Path | None | bool) -> dict:
+    """Every question's signals (dense too unless `dense_cache` is False) and gold pages,
+    with the product's retrieval time per question (warm, in-memory indexes)."""
+    docs = {d.doc_id: d for d in docs_by_file.values()}
+    passages = {d: make_passages(doc) for d, doc in docs.items()}
+    fts, page_fts = MemoryFts(passages, docs), MemoryPageFts(docs)
+    dense = vc = None
+    if dense_cache is not False:
+        dense, vc = dense_index(docs, passages, dense_cache or None)
+    rows = []
+    for g in questions:
+        doc = docs_by_file[Path(g["doc_file"]).name]
+        one, ps = {doc.doc_id: doc}, {doc.doc_id: passages[doc.doc_id]}
+        t = time.perf_counter()
+        sig = signals(g["question"], one, ps, fts=fts, page_fts=page_fts, dense=dense)
+        rank(g["question"], one, ps, sig)
+        latency = time.perf_counter() - t
+        rows.append({"g": g, "question": g["question"], "docs": one, "passages": ps, "part": g["part"], "sig": sig,
+                     "gold": set(g["gold_pages"]), "by_key": {(doc.doc_id, p.index): p for p in ps[doc.doc_id]},
+                     "latency": latency})
+    out = {"rows": rows, "n_passages": sum(len(ps) for ps in passages.values())}
+    if vc is not None and vc.encoded:
+        out["encoding"] = (vc.encoded, vc.seconds)
+    return out
+
+
+def recall(rows: Sequence[dict], method: Method) -> dict[str, dict[int, float]]:
+    """Per part (and "all"): the share of questions with a gold page among the first 1/3/5
+    evidence pages, and the count at 5."""
+    out = {}
+    for part in (*PARTS, "all"):
+        sel = [r for r in rows if part == "all" or r["part"] == part]
+        hits = {k: 0 for k in KS}
+        for r in sel:
+            shown = pages_of(method(r), r["by_key"])
+            for k in KS:
+                hits[k] += bool(r["gold"] & set(shown[:k]))
+        out[part] = {**{k: hits[k] / len(sel) if sel else 0.0 for k in KS}, "n": len(sel), "hits5": hits[5]}
+    return out
+
+
+def cuad_gold() -> list[dict]:
+    """Answerable CUAD records whose spans carry pages, with `gold_pages`."""
+    out = []
+    for g in cuad_questions():
+        pages = sorted({p for s in g["gold_spans"] for p in (s["pdf_pages_1based"] or [])})
+        if g["has_answer"] and pages:
+            out.append({**g, "gold_pages": pages})
+    return out
+
+
+def evaluate(docs_by_file: Mapping[str, Document] | None = None, cache: Path | None = None,
+             dense: bool = True) -> dict:
+    docs_by_file = docs_by_file or load_docs(cache)
+    qs = [g for g in cuad_gold() if Path(g["doc_file"]).name in docs_by_file]
+    res = run(qs, docs_by_file, (cache or True) if dense else False)
+    rows = res["rows"]
+    names = sorted({n for r in rows for n in r["sig"]})
+    res["recall"] = {name: recall(rows, m) for name, m in methods(names).items()
+                     if dense or name != "dense alone"}
+    return res
+
+
+def misses(rows: Sequence[dict], method: Method, part: str) -> list[str]:
+    out = []
+    for r in rows:
+        if r["part"] != part:
+            continue
+        shown = pages_of(method(r), r["by_key"])
+        if not r["gold"] & set(shown):
+            g = r["g"]
+            what = g.get("category") or g["question"][:70]
+            out.append(f"{what} ({Path(g['doc_file']).stem[:40]}): gold pages {sorted(r['gold'])[:6]}, shown {shown}")
+    return out
+
+
+def figures(res: dict) -> dict[str, float]:
+    """recall@5 per part of the product and of its lexical signals alone, and the lexical
+    one on the small contracts: what the regression tests hold the product to."""
+    out = {}
+    for label, name in (("product", FINAL), ("lexical", LEXICAL)):
+        for part in PARTS:
+            out[f"{label} {part}"] = round(res["recall"][name][part][5], 3)
+    small = [r for r in res["rows"] if is_small(r["g"]["doc_file"])]
+    out["lexical small contracts"] = round(recall(small, lexical)["all"][5], 3)
+    return out
 
 
 def expected(path: Path = RESULTS) -> dict[str, float]:
@@ -67,388 +326,142 @@ def expected(path: Path = RESULTS) -> dict[str, float]:
             return json.loads(line[len(FIGURES):])
     raise ValueError(f"{path} has no {FIGURES.strip()!r} line: run this benchmark and add its report")
 
-LEXICAL_WEIGHTS = {k: v for k, v in WEIGHTS.items() if k != "embedding"}
-# The final method's weights over the signals computed with definitions left in place.
-UNDEMOTED = {("bm25_terms_undemoted" if k == "bm25_terms" else "bm25_pages_undemoted" if k == "bm25_pages" else k): v
-             for k, v in LEXICAL_WEIGHTS.items()}
 
-METHODS: dict[str, dict[str, float]] = {
-    "bm25, text only (question words; the lead's baseline)": {"bm25_text_only": 1.0},
-    "bm25 text + titles column (question words)": {"bm25_plain": 1.0},
-    "bm25 + thesaurus": {"bm25_terms": 1.0},
-    "bm25 + thesaurus + focus": {"bm25_terms": 1.0, "bm25_focus": 1.0},
-    "section titles alone": {"titles": 1.0},
-    "lexical fused": LEXICAL_WEIGHTS,
-    # Leave-one-out: what each lexical component adds to the final method.
-    "final without thesaurus": {**{k: v for k, v in WEIGHTS.items() if k not in ("embedding", "bm25_terms")},
-                                "bm25_plain": 1.0},
-    "final without focus query": {k: v for k, v in WEIGHTS.items() if k not in ("embedding", "bm25_focus")},
-    "final without titles signal": {k: v for k, v in WEIGHTS.items() if k not in ("embedding", "titles")},
-    "final without definitions": {k: v for k, v in WEIGHTS.items() if k not in ("embedding", "definitions")},
-    "final without preamble": {k: v for k, v in WEIGHTS.items() if k not in ("embedding", "preamble")},
-    "embeddings alone": {"embedding": 1.0},
-    "bm25 (question words) + embeddings": {"bm25_plain": 1.0, "embedding": 1.0},
-    "all fused": dict(WEIGHTS),
-    # The page signal's weight, and the final method with definitions left where bm25 ranks
-    # them ("_undemoted" signals): the split checks below choose among these.
-    "final without page-level bm25": {k: v for k, v in WEIGHTS.items() if k not in ("embedding", "bm25_pages")},
-    "final with page-level bm25 at weight 0.5": {**LEXICAL_WEIGHTS, "bm25_pages": 0.5},
-    "final with page-level bm25 at weight 1": {**LEXICAL_WEIGHTS, "bm25_pages": 1.0},
-    "final without definitions ranked last": UNDEMOTED,
-    "before (2026-11-30: definitions in place, page bm25 at 0.5)": {**UNDEMOTED, "bm25_pages_undemoted": 0.5},
-}
-LEXICAL = METHODS["lexical fused"]
+def recall_table(res: dict) -> list[str]:
+    lines = ["| method | tune @1 / @3 / @5 | held out @1 / @3 / @5 | all @5 |", "| --- | --- | --- | --- |"]
+    for name, rec in res["recall"].items():
+        cells = [" / ".join(f"{rec[part][k]:.3f}" for k in KS) + f" ({rec[part]['hits5']}/{rec[part]['n']})"
+                 if rec[part]["n"] else "—" for part in PARTS]
+        mark = " **(final)**" if name == FINAL else ""
+        lines.append(f"| {name}{mark} | {cells[0]} | {cells[1]} | {rec['all'][5]:.3f} |")
+    return lines
 
 
-def passages_key(passages: Sequence[Passage]) -> str:
-    """Identity of a document's passage list, for caching its embeddings."""
-    h = hashlib.sha256()
-    for p in passages:
-        h.update(p.text.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:16]
+def timing_lines(res: dict) -> list[str]:
+    lat = sorted(r["latency"] for r in res["rows"])
+    lines = [f"retrieval per question (question analysis and embedding, every signal, fusion; one document, "
+             f"warm, in-memory indexes): median {statistics.median(lat) * 1000:.0f} ms, "
+             f"max {lat[-1] * 1000:.0f} ms over {len(lat)} questions, {res['n_passages']} passages"]
+    if "encoding" in res:
+        n, s = res["encoding"]
+        lines.append(f"passage encoding (this run, not cached): {n} passages in {s:.0f} s = {n / s:.1f} passages/s")
+    return lines
 
 
-class EmbeddingCache:
-    """Passage vectors per document, computed once. `store` is any mapping from
-    `passages_key` to an (n, d) array: a dict, or the `--cache` folder's arrays."""
-
-    def __init__(self, encoder: Encoder, store: MutableMapping[str, np.ndarray] | None = None):
-        self.encoder = encoder
-        self.store = {} if store is None else store
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self.encoder.encode(texts)
-
-    def passage_vectors(self, passages: Sequence[Passage]) -> np.ndarray:
-        key = passages_key(passages)
-        vecs = self.store.get(key)
-        if vecs is None or len(vecs) != len(passages):
-            vecs = self.encoder.encode([p.text for p in passages])
-            self.store[key] = vecs
-        return vecs
-
-
-def lexical_split_grid() -> dict:
-    """The page-level bm25 and definition variants tried during development. The method
-    without page bm25 (definitions in place) comes first, so it wins ties: a variant must do
-    better on two contracts to be chosen. Then the page signals tried on 2026-11-30 (terms or
-    focus words, unstemmed or Porter-stemmed pages) at three weights, then the same method
-    with definitions ranked last in the broad signals (the final one: weight 0.75)."""
-    base = {k: v for k, v in UNDEMOTED.items() if k != "bm25_pages_undemoted"}
-    grid = {"no page bm25": lambda r: [k for k, _ in fuse(r["sig"], base)]}
-    for sig in ("_pages_terms", "_pages_focus", "_pages_terms_stemmed", "_pages_focus_stemmed"):
-        for w in (0.5, 0.75, 1.0):
-            grid[f"page bm25 {sig[7:].replace('_', ', ')}, weight {w}"] = (
-                lambda r, s=sig, w=w: [k for k, _ in fuse(dict(r["sig"], extra=r["sig"][s]), {**base, "extra": w})])
-    demoted = {k: v for k, v in LEXICAL_WEIGHTS.items() if k != "bm25_pages"}
-    grid["definitions last, no page bm25"] = lambda r: [k for k, _ in fuse(r["sig"], demoted)]
-    for w in (0.5, 0.75, 1.0):
-        grid[f"definitions last, page bm25 terms, weight {w}"] = (
-            lambda r, w=w: [k for k, _ in fuse(r["sig"], {**demoted, "bm25_pages": w})])
-    return grid
-
-
-def rerank(row: dict, n: int, weight: float = 1.0, cosine: str = "_cosine") -> list:
-    """Second stage: the lexical method's first `n` passages reordered by a reciprocal-rank
-    fusion of their lexical rank and their cosine rank (`weight` for the latter); the rest
-    keep their lexical order."""
-    lexical = [k for k, _ in fuse(row["sig"], LEXICAL)]
-    head, sims = lexical[:n], row["sig"][cosine]
-    score = {k: 1 / (RRF_K + i + 1) for i, k in enumerate(head)}
-    for i, k in enumerate(sorted(head, key=lambda k: -sims[k])):
-        score[k] += weight / (RRF_K + i + 1)
-    return sorted(head, key=lambda k: (-score[k], k)) + lexical[n:]
-
-
-def hybrid(row: dict, k: int = 60, cosine: str = "_cosine") -> list:
-    """Two retrievers fused as equals: the lexical method's ranking and the embedding
-    ranking, reciprocal-rank fusion with the customary k = 60."""
-    sims = row["sig"][cosine]
-    both = {"lexical": [key for key, _ in fuse(row["sig"], LEXICAL)],
-            "embedding": sorted(sims, key=lambda key: -sims[key])[:FTS_LIMIT]}
-    return [key for key, _ in fuse(both, {"lexical": 1.0, "embedding": 1.0}, k)]
-
-
-def embedding_signal(row: dict, weight: float, cosine: str = "_cosine") -> list:
-    sims = row["sig"][cosine]
-    sig = dict(row["sig"], embedding=sorted(sims, key=lambda key: -sims[key])[:FTS_LIMIT])
-    return [key for key, _ in fuse(sig, {**LEXICAL, "embedding": weight})]
-
-
-def by_page(row: dict, combine) -> list:
-    """Pages ranked by `combine` of their passages' fused scores (best first), each page
-    standing for its best passage: the final method ranks pages by their best passage
-    alone; these rows ask whether a page with several matching passages should rise."""
-    per: dict[int, list] = {}
-    for key, score in fuse(row["sig"], LEXICAL):
-        per.setdefault(row["by_key"][key].span.page, []).append((score, key))
-    order = sorted(per, key=lambda pg: -combine([sc for sc, _ in per[pg]]))
-    return [per[pg][0][1] for pg in order]
-
-
-# Rows beyond the fused-weights methods above; those reading "_cosine" need `--embeddings`.
-DERIVED_LEXICAL = {
-    "pages by their best two passages (sum)": lambda r: by_page(r, lambda s: sum(s[:2])),
-    "pages by all their passages (sum)": lambda r: by_page(r, sum),
-}
-DERIVED = {
-    "embeddings (titles + text) alone": lambda r: sorted(r["sig"]["_cosine_titled"], key=lambda k: -r["sig"]["_cosine_titled"][k]),
-    "rerank lexical top 10 by embeddings": lambda r: rerank(r, 10),
-    "rerank lexical top 30 by embeddings": lambda r: rerank(r, 30),
-    "rerank lexical top 50 by embeddings": lambda r: rerank(r, 50),
-    "rerank lexical top 30 by embeddings (titles + text)": lambda r: rerank(r, 30, cosine="_cosine_titled"),
-    "hybrid: lexical fused + embeddings, RRF k=60": hybrid,
-}
-
-
-def split_grid() -> dict:
-    """The variants a leave-one-contract-out check chooses among: the lexical method first
-    (it wins ties), then every reranking and fusion knob tried during development."""
-    grid = {"lexical fused": lambda r: [k for k, _ in fuse(r["sig"], LEXICAL)]}
-    for cos, name in (("_cosine", "text"), ("_cosine_titled", "titles + text")):
-        for n in (10, 20, 30, 50):
-            for w in (0.5, 1.0):
-                grid[f"rerank top {n}, weight {w}, {name}"] = lambda r, n=n, w=w, c=cos: rerank(r, n, w, c)
-        for w in (0.25, 0.5, 1.0):
-            grid[f"embedding signal weight {w}, {name}"] = lambda r, w=w, c=cos: embedding_signal(r, w, c)
-        grid[f"hybrid RRF k=60, {name}"] = lambda r, c=cos: hybrid(r, 60, c)
-    return grid
-
-
-def split_check(answerable: list[dict], grid: dict) -> list[dict]:
-    """Per contract: the variant with the most hits@5 (then @3) on the other two, and its
-    hits on this one, beside the grid's first entry's (the baseline)."""
-    baseline = next(iter(grid))
-    hits = {name: [tuple(bool(r["pages"] & set(pages_of(m(r), r["by_key"])[:k])) for k in (1, 3, 5))
-                   for r in answerable] for name, m in grid.items()}
-    folds = []
-    for doc in sorted({r["doc_id"] for r in answerable}):
-        train = [i for i, r in enumerate(answerable) if r["doc_id"] != doc]
-        test = [i for i, r in enumerate(answerable) if r["doc_id"] == doc]
-        best = max(grid, key=lambda n: (sum(hits[n][i][2] for i in train), sum(hits[n][i][1] for i in train)))
-        folds.append({"held_out": Path(answerable[test[0]]["g"]["doc_file"]).stem, "n": len(test), "chosen": best,
-                      "train_hits5": sum(hits[best][i][2] for i in train), "n_train": len(train),
-                      "hits": [sum(hits[best][i][j] for i in test) for j in range(3)],
-                      "lexical_hits": [sum(hits[baseline][i][j] for i in test) for j in range(3)]})
-    return folds
-
-
-def load_docs(cache: Path | None):
-    from docqa.pipelines.ingest.build import ingest_file
-
-    pkl = cache / "docs.pkl" if cache else None
-    if pkl and pkl.exists():
-        return pickle.loads(pkl.read_bytes())
-    docs = {}
-    for f in sorted((CORPUS / "pdf").glob("contract_*.pdf")):
-        docs[f.name] = ingest_file(f)
-    if pkl:
-        pkl.parent.mkdir(parents=True, exist_ok=True)
-        pkl.write_bytes(pickle.dumps(docs))
-    return docs
-
-
-class NpzStore(dict):
-    """Passage vectors kept on disk between benchmark runs."""
-
-    def __init__(self, path: Path | None):
-        super().__init__()
-        self.path = path
-        if path and path.exists():
-            with np.load(path) as z:
-                self.update({k: z[k] for k in z.files})
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        if self.path:
-            np.savez(self.path, **self)
-
-
-class TitledVectors:
-    """Passage vectors of a passage's section titles followed by its text, so a clause is
-    embedded with the heading it sits under, as a reader sees it."""
-
-    def __init__(self, cache: EmbeddingCache, docs):
-        self.cache, self.docs = cache, docs
-
-    def passage_vectors(self, ps):
-        key = passages_key(ps) + "-titled"
-        vecs = self.cache.store.get(key)
-        if vecs is None or len(vecs) != len(ps):
-            titles = passage_titles(self.docs[ps[0].doc_id].sections, ps)
-            vecs = self.cache.encode([f"{t}: {p.text}" if t else p.text for p, t in zip(ps, titles)])
-            self.cache.store[key] = vecs
-        return vecs
-
-
-def pages_of(order, by_key, k=5):
-    """The first `k` distinct pages of a ranking: of (key, score) pairs, or of keys."""
-    pages = []
-    for item in order:
-        key = item[0] if isinstance(item[0], tuple) else item
-        pg = by_key[key].span.page
-        if pg not in pages:
-            pages.append(pg)
-            if len(pages) == k:
-                break
-    return pages
-
-
-def evaluate(encoder=None, cache: Path | None = None, docs_by_file=None) -> dict:
-    """Recall@1/3/5 per method over the answerable gold questions with pages, plus
-    latencies and top-score distributions. `encoder` is a `BertEncoder` (or None)."""
-    docs_by_file = docs_by_file or load_docs(cache)
-    gold = [json.loads(line) for line in GOLD.open()]
-    passages = {d.doc_id: make_passages(d) for d in docs_by_file.values()}
-    fts = MemoryFts(passages, {d.doc_id: d for d in docs_by_file.values()})
-    fts_text = MemoryFts(passages)
-    page_fts = {"": MemoryPageFts(docs_by_file.values()),
-                "_stemmed": MemoryPageFts(docs_by_file.values(), "porter unicode61 remove_diacritics 2")}
-
-    out: dict = {}
-    cached = titled = None
-    if encoder is not None:
-        store = NpzStore(cache / f"emb_{encoder.max_length}.npz" if cache else None)
-        cached = EmbeddingCache(encoder, store)
-        titled = TitledVectors(cached, {d.doc_id: d for d in docs_by_file.values()})
-        missing = [ps for ps in passages.values() if passages_key(ps) not in store]
-        n = sum(len(ps) for ps in missing)
-        if n:
-            t = time.perf_counter()
-            for ps in missing:
-                cached.passage_vectors(ps)
-            dt = time.perf_counter() - t
-            out["encode_passages_per_s"] = n / dt
-            out["encode_note"] = f"passage encoding: {n} passages in {dt:.1f} s = {n / dt:.1f} passages/s"
-        for ps in passages.values():
-            titled.passage_vectors(ps)
-
-    rows = []
-    for g in gold:
-        doc = docs_by_file[Path(g["doc_file"]).name]
-        one = {doc.doc_id: doc}
-        ps = {doc.doc_id: passages[doc.doc_id]}
-        t = time.perf_counter()
-        fused = fuse(signals(g["question"], one, ps, fts=fts, page_fts=page_fts[""]), METHODS["lexical fused"])
-        latency = time.perf_counter() - t
-        t = time.perf_counter()
-        sig = signals(g["question"], one, ps, fts=fts, page_fts=page_fts[""], encoder=cached, extra=True)
-        latency_all = time.perf_counter() - t
-        q = analyze(g["question"])
-        sig["bm25_text_only"] = _bm25(fts_text, q.terms, [doc.doc_id])
-        undemoted = signals(g["question"], one, ps, fts=fts, page_fts=page_fts[""], demote_definitions=False)
-        sig["bm25_terms_undemoted"], sig["bm25_pages_undemoted"] = undemoted["bm25_terms"], undemoted["bm25_pages"]
-        for suffix, pf in page_fts.items():
-            for name, phrases in (("terms", q.terms + q.expansions), ("focus", q.focus)):
-                sig[f"_pages_{name}{suffix}"] = _pages(pf, phrases, [doc.doc_id], ps, undemoted["bm25_terms"])
-        if titled is not None:
-            qv = cached.encode([analyze(g["question"]).text])[0]
-            sig["_cosine_titled"] = {(doc.doc_id, p.index): float(c)
-                                     for p, c in zip(ps[doc.doc_id], titled.passage_vectors(ps[doc.doc_id]) @ qv)}
-        pages = set()
-        for s in g["gold_spans"]:
-            pages |= set(s["pdf_pages_1based"] or [])
-        by_key = {(doc.doc_id, p.index): p for p in passages[doc.doc_id]}
-        rows.append({"g": g, "doc_id": doc.doc_id, "pages": pages, "sig": sig, "fused": fused, "by_key": by_key,
-                     "latency": latency, "latency_all": latency_all})
-
-    answerable = [r for r in rows if r["g"]["has_answer"] and r["pages"]]
-    final = "lexical fused"
-    recall, misses = {}, []
-    for name, w in METHODS.items():
-        if "embedding" in w and cached is None:
-            continue
-        hits = {1: 0, 3: 0, 5: 0}
-        for r in answerable:
-            top = pages_of(fuse(r["sig"], w), r["by_key"])
-            for k in hits:
-                hits[k] += bool(r["pages"] & set(top[:k]))
-            if name == final and not r["pages"] & set(top[:5]):
-                g = r["g"]
-                misses.append(f"{g['category']} ({Path(g['doc_file']).name[9:25]}): gold pages "
-                              f"{sorted(r['pages'])[:6]}, cited {top}")
-        recall[name] = {k: v / len(answerable) for k, v in hits.items()}
-    for name, method in {**DERIVED_LEXICAL, **(DERIVED if cached is not None else {})}.items():
-        hits = {k: sum(bool(r["pages"] & set(pages_of(method(r), r["by_key"])[:k])) for r in answerable)
-                for k in (1, 3, 5)}
-        recall[name] = {k: v / len(answerable) for k, v in hits.items()}
-    out["split_lexical"] = split_check(answerable, lexical_split_grid())
-    if cached is not None:
-        out["split"] = split_check(answerable, split_grid())
-    out.update(n=len(answerable), n_answerable=sum(r["g"]["has_answer"] for r in rows), n_all=len(rows),
-               recall=recall, misses=misses, final=final,
-               latencies=sorted(r["latency"] for r in rows),
-               latencies_all=sorted(r["latency_all"] for r in rows))
-    out["top_fused"] = {
-        a: [r["fused"][0][1] if r["fused"] else 0.0 for r in rows if r["g"]["has_answer"] == a] for a in (True, False)}
-    if cached is not None:
-        out["top_cosine"] = {a: [r["sig"]["_top_cosine"] for r in rows if r["g"]["has_answer"] == a] for a in (True, False)}
-    return out
-
-
-def _dist(xs) -> str:
-    xs = sorted(xs)
-    q = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]
-    return f"n={len(xs)} min {xs[0]:.3f} p25 {q(0.25):.3f} median {q(0.5):.3f} p75 {q(0.75):.3f} max {xs[-1]:.3f}"
-
-
-def report(r: dict) -> str:
-    lines = [f"{r['n']} answerable questions with gold pages ({r['n_answerable']} answerable, {r['n_all']} in all)",
-             "", "| method | recall@1 | recall@3 | recall@5 |", "| --- | --- | --- | --- |"]
-    for name, rec in r["recall"].items():
-        mark = " **(final)**" if name == r["final"] else ""
-        lines.append(f"| {name}{mark} | {rec[1]:.3f} | {rec[3]:.3f} | {rec[5]:.3f} |")
-    lat, lat_all = r["latencies"], r["latencies_all"]
-    ms = lambda xs: f"median {statistics.median(xs) * 1000:.0f} ms, max {xs[-1] * 1000:.0f} ms"
-    lines += ["", f"latency per question, final method (analysis + signals + fusion, one document, warm): {ms(lat)}",
-              f"latency with every signal (incl. question embedding when measured): {ms(lat_all)}"]
-    if "encode_note" in r:
-        lines.append(r["encode_note"])
-    lines += ["", "top fused score of the final method:",
-              f"- answerable: {_dist(r['top_fused'][True])}",
-              f"- unanswerable: {_dist(r['top_fused'][False])}"]
-    if "top_cosine" in r:
-        lines += ["top cosine (question vs best passage):",
-                  f"- answerable: {_dist(r['top_cosine'][True])}",
-                  f"- unanswerable: {_dist(r['top_cosine'][False])}"]
-    for key, what in (("split_lexical", ("the lexical method without page bm25 (baseline), its page-level bm25 "
-                                         "variants, and definitions ranked last")),
-                      ("split", "the final lexical method (baseline) and the embedding variants")):
-        if key not in r:
-            continue
-        head = (f"leave-one-contract-out over {what}: the best on two contracts (hits@5, then @3), "
-                "scored on the third:")
-        lines += ["", head, "",
-                  "| held out | n | chosen on the other two | train hits@5 | held-out hits@1/3/5 | baseline hits@1/3/5 |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        tot, lex = [0, 0, 0], [0, 0, 0]
-        for f in r[key]:
-            lines.append(f"| {f['held_out']} | {f['n']} | {f['chosen']} | {f['train_hits5']}/{f['n_train']} | "
-                         f"{'/'.join(map(str, f['hits']))} | {'/'.join(map(str, f['lexical_hits']))} |")
-            tot = [a + b for a, b in zip(tot, f["hits"])]
-            lex = [a + b for a, b in zip(lex, f["lexical_hits"])]
-        n = sum(f["n"] for f in r[key])
-        lines.append(f"| all (held-out recall@1/3/5) | {n} | | | {' / '.join(f'{x / n:.3f}' for x in tot)} | "
-                     f"{' / '.join(f'{x / n:.3f}' for x in lex)} |")
-    lines += ["", "misses at 5 (final method):", *[f"- {m}" for m in r["misses"]]]
-    lines += ["", FIGURES + json.dumps(figures(r), sort_keys=True)]
+def report(res: dict) -> str:
+    rows = res["rows"]
+    n = {part: sum(r["part"] == part for r in rows) for part in PARTS}
+    lines = [f"{len(rows)} answerable CUAD questions with gold pages on {len({r['g']['doc_file'] for r in rows})} "
+             f"contracts: {n['tune']} tune, {n['held out']} held out", "", *recall_table(res), "", *timing_lines(res)]
+    if "dense alone" in res["recall"]:
+        lines += ["", "hits@1/3/5 by kind of question and dense weight (the product's other weights):", "",
+                  *kind_grid(rows)]
+    for part in PARTS:
+        lines += ["", f"misses at 5 ({part}, final method):", *[f"- {m}" for m in misses(rows, product, part)]]
+    lines += ["", FIGURES + json.dumps(figures(res), sort_keys=True)]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# What vectors cost: ingest with and without them, and an evidence-only question, through
+# the CLI a user runs.
+
+
+def _child_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _cli(args: list[str]) -> tuple[float, float, str]:
+    """(CPU s of the child, wall s, stdout) of one `docqa` command in a fresh process."""
+    import subprocess
+
+    cpu, t = _child_cpu(), time.perf_counter()
+    docqa = Path(sys.executable).parent / "docqa"  # the console script beside this interpreter
+    done = subprocess.run([str(docqa), *args], capture_output=True, text=True, check=True)
+    return _child_cpu() - cpu, time.perf_counter() - t, done.stdout
+
+
+def cost(pdf: Path, questions: Sequence[str], rounds: int = 2) -> list[str]:
+    """Ingest cost of passage vectors on one PDF (in process, CPU seconds, the parse and the
+    vectors alternated `rounds` times: pages/s without and with them), then `docqa ingest` and
+    `docqa ask --evidence-only` on it through the CLI (CPU of the child process, wall)."""
+    import tempfile
+
+    import torch
+    from docqa.engine.models.bert import load_minilm
+    from docqa.pipelines.ingest.build import build
+    from docqa.pipelines.ingest.source import load
+
+    t = time.process_time()
+    encoder = load_minilm()
+    load_s = time.process_time() - t
+    parse, encode = [], []
+    for _ in range(rounds):
+        t = time.process_time()
+        doc = build(load(pdf))
+        passages = make_passages(doc)
+        parse.append(time.process_time() - t)
+        t = time.process_time()
+        passage_vectors(passages, passage_titles(doc.sections, passages), encoder)
+        encode.append(time.process_time() - t)
+    n_pages, n = len(doc.pages), len(passages)
+    p, e = min(parse), min(encode)
+    t = time.process_time()
+    fp32 = passage_vectors(passages, passage_titles(doc.sections, passages), load_minilm(dtype=torch.float32))
+    e32 = time.process_time() - t
+    from docqa.engine.models.bert_numpy import load_question_encoder
+
+    question = load_question_encoder()
+    t = time.process_time()
+    for q in questions:
+        question.encode([q])
+    embed_ms = (time.process_time() - t) / max(len(questions), 1) * 1000
+    t = time.process_time()
+    for _ in range(100):
+        fp32.matrix @ fp32.matrix[0]
+    search_ms = (time.process_time() - t) * 10
+    lines = [f"{pdf.name}: {n_pages} pages, {n} passages; encoder {encoder.dtype}, {torch.get_num_threads()} "
+             f"thread(s), loaded in {load_s:.1f} s CPU",
+             f"- in process (CPU s, best of {rounds}): parse and structure {p:.1f} s = {n_pages / p:.2f} pages/s; "
+             f"vectors {e:.1f} s = {n / e:.1f} passages/s; with vectors {n_pages / (p + e):.2f} pages/s "
+             f"({(p + e) / p:.2f}x the time); vectors in fp32 instead: {e32:.1f} s = {n / e32:.1f} passages/s",
+             f"- per question: embedding (numpy, one thread) {embed_ms:.0f} ms; exact search over the {n} "
+             f"vectors {search_ms:.2f} ms"]
+    with tempfile.TemporaryDirectory() as tmp:
+        db = str(Path(tmp) / "cost.db")
+        cpu, wall, out = _cli(["ingest", str(pdf), "--db", db, "--json"])
+        doc_id = json.loads(out)[0]["doc_id"]
+        lines.append(f"- `docqa ingest` (with vectors): {cpu:.1f} s CPU ({n_pages / cpu:.2f} pages/s), {wall:.1f} s wall")
+        cpus, walls, own = [], [], []
+        for q in questions:
+            cpu, wall, out = _cli(["ask", doc_id, q, "--evidence-only", "--json", "--db", db])
+            cpus.append(cpu)
+            walls.append(wall)
+            own.append(json.loads(out)["timings"]["retrieve_s"])
+        if questions:
+            med = statistics.median
+            lines.append(f"- `docqa ask --evidence-only`, {len(questions)} questions: CPU median {med(cpus):.2f} s, "
+                         f"max {max(cpus):.2f} s; wall median {med(walls):.2f} s; retrieval itself "
+                         f"(`timings.retrieve_s`) median {med(own):.2f} s, max {max(own):.2f} s")
+    return lines
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--embeddings", action="store_true", help="include the MiniLM encoder")
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--cache", type=Path, default=None)
+    ap.add_argument("--cache", type=Path, default=None, help="keep parsed contracts and passage vectors here")
+    ap.add_argument("--no-dense", action="store_true", help="lexical signals only (no encoder)")
+    ap.add_argument("--cost", type=Path, default=None, metavar="PDF",
+                    help="instead: what passage vectors cost on this contract (ingest, evidence-only ask)")
     ap.add_argument("--out", type=Path, default=None, help="write the report here")
     args = ap.parse_args(argv)
-    encoder = None
-    if args.embeddings:
-        from docqa.engine.models.bert import load_minilm
-
-        encoder = load_minilm(max_length=args.max_length)
-    text = report(evaluate(encoder, args.cache))
+    if args.cost:
+        qs = [g["question"] for g in cuad_gold() if Path(g["doc_file"]).name == args.cost.name][:10]
+        text = "\n".join(cost(args.cost, qs))
+    else:
+        text = report(evaluate(cache=args.cache, dense=not args.no_dense))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

