@@ -104,8 +104,8 @@ class _Job:
 class ServedEngine:
     """One engine, run by one worker thread: completions are queued to it, and it runs those that
     fit the engine's batch session together (continuous batching on the CUDA decoder: a
-    request joins the batch at the next step and leaves when it ends). A prompt longer than one
-    KV segment runs alone, through the prefix cache. The worker holds `lock` while the engine
+    request joins the batch at the next step and leaves when it ends). A long prompt runs alone,
+    through the prefix cache (`_runs_alone`). The worker holds `lock` while the engine
     works."""
 
     engine: object
@@ -204,7 +204,7 @@ class ServedEngine:
                     return
                 if job.cancelled:
                     continue
-                if len(job.ids) > self._segment_size():
+                if self._runs_alone(session, len(job.ids)):
                     self._run_alone(job)
                     continue
                 o = job.options
@@ -254,6 +254,16 @@ class ServedEngine:
             return
         job.out.put(Completion(result.text, "stop" if result.stop_reason == "stop" else "length", len(ids),
                                len(result.token_ids), cached))
+
+    def _runs_alone(self, session, n_tokens: int) -> bool:
+        """Whether a prompt goes alone through the prefix cache: past what the CUDA batch takes
+        (`BatchSession.max_prompt_tokens`), or, where requests run one after another anyway,
+        past one KV segment (the prefix cache then keeps its document across requests)."""
+        from ..engine.batch import BatchSession
+
+        if isinstance(session, BatchSession):
+            return n_tokens > session.max_prompt_tokens
+        return n_tokens > self._segment_size()
 
     def _segment_size(self) -> int:
         from ..engine.settings import EngineSettings

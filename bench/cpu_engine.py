@@ -1,6 +1,7 @@
-"""CPU benchmark on the default GGUF, one invocation: our engine vs HF transformers vs llama.cpp
+"""CPU benchmark on a GGUF, one invocation: our engine vs HF transformers vs llama.cpp
 (`llama-bench`, built outside the project, see bench/llamacpp.py), same thread count, same
-contract-like prompt text, table with ratios.
+contract-like prompt text, table with ratios. `--model`: the default model, the evaluation
+model (`eval`, Qwen2.5-Coder-1.5B Q4_K_M, bench/eval_model.py) or a GGUF path.
 
 Prefill: N tokens from an empty context. Decode: tokens generated after a context of the
 shortest prefill length (llama-bench's -d), greedy. Each engine runs in its own subprocess so
@@ -9,8 +10,9 @@ its peak RSS is its own. Example:
     DOCQA_THREADS=1 .venv/bin/python bench/cpu_engine.py --threads 1 --lengths 512 2048 8192 \
         --llama-bench /tmp/llamacpp-build/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench
 
-Engines: `ours` (decode weights "auto"), `ours:MODE` for another decode_weights mode (e.g.
-`ours:fp32`), `hf`, `llamacpp`.
+Engines: `ours` (Engine.load's default: the GGUF blocks as stored), `ours:fp32` (every weight
+dequantised to fp32, the reference path), `hf`, `llamacpp`. Load is Engine.load's wall time
+(HF: from_pretrained's; llama-bench does not report one).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 # llama-bench runs a warm-up pass before it times anything; ours and HF get one too (a short
@@ -34,10 +37,10 @@ def run_ours(path, threads, lengths, decode, ids, mode="auto"):
     from docqa.engine import Engine
     from docqa.engine.benchmark import peak_rss_mib
 
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     engine = Engine.load(path, threads=threads, device="cpu", decode_weights=mode)
-    out = {"load_s": time.perf_counter() - t, "prefill": {},
-           "decode_weights": engine.model.decode_weights["mode"]}
+    out = {"load_s": time.perf_counter() - t, "load_cpu_s": time.process_time() - cpu, "prefill": {},
+           "weights": engine.model.decode_weights["mode"]}
     engine.generate(ids[:WARMUP], 4, stop_ids=())
     for n in lengths:
         state = engine.new_state(capacity=n + 1)
@@ -80,6 +83,7 @@ def run_hf(path, threads, lengths, decode, ids):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default", help="default, eval or a GGUF path")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--decode-tokens", type=int, default=32)
@@ -91,11 +95,10 @@ def main():
     args = ap.parse_args()
 
     from docqa.engine.checkpoint import open_checkpoint
-    from docqa.engine.default_model import default_model_path
     from docqa.engine.benchmark import bench_prompt
     from docqa.engine.tokenizer import Tokenizer
 
-    path = default_model_path()
+    path = model_path(args.model)
     ids = bench_prompt(Tokenizer.from_gguf_metadata(open_checkpoint(path).metadata),
                        max(args.lengths) + args.decode_tokens + 1)
     if args.only:
@@ -122,7 +125,7 @@ def main():
             if name == "llamacpp" and not args.llama_bench:
                 print("llamacpp skipped: no --llama-bench", file=sys.stderr)
                 continue
-            cmd = [sys.executable, __file__, "--only", name, "--threads", str(args.threads),
+            cmd = [sys.executable, __file__, "--only", name, "--model", args.model, "--threads", str(args.threads),
                    "--decode-tokens", str(args.decode_tokens), "--lengths", *map(str, args.lengths)]
             if args.llama_bench:
                 cmd += ["--llama-bench", args.llama_bench]
@@ -140,6 +143,22 @@ def main():
         print(format_table(results, args.lengths))
 
 
+def model_path(name: str) -> Path:
+    if name == "default":
+        from docqa.engine.default_model import default_model_path
+
+        return default_model_path()
+    if name == "eval":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import eval_model
+
+        path = eval_model.path()
+        if path is None:
+            sys.exit("the evaluation model is not assembled: .venv/bin/python bench/eval_model.py")
+        return path
+    return Path(name)
+
+
 def median_result(runs: list[dict]) -> dict:
     """Per figure, the median over rounds (prefill per length, decode, peak RSS)."""
     def med(values):
@@ -149,17 +168,19 @@ def median_result(runs: list[dict]) -> dict:
     out["prefill"] = {n: med([r["prefill"][n] for r in runs]) for n in runs[0]["prefill"]}
     out["decode_tok_s"] = med([r["decode_tok_s"] for r in runs])
     out["peak_rss_mib"] = med([r["peak_rss_mib"] for r in runs])
+    if all(r.get("load_s") is not None for r in runs):
+        out["load_s"] = med([r["load_s"] for r in runs])
     out["rounds"] = len(runs)
     return out
 
 
 def format_table(results: dict, lengths) -> str:
     ok = {k: v for k, v in results.items() if "error" not in v}
-    cols = [f"prefill {n} tok/s" for n in lengths] + [f"decode tok/s @{min(lengths)}", "peak RSS MiB"]
+    cols = [f"prefill {n} tok/s" for n in lengths] + [f"decode tok/s @{min(lengths)}", "peak RSS MiB", "load s"]
 
     def row(r):
         return [r["prefill"].get(str(n), r["prefill"].get(n)) for n in lengths] + \
-            [r["decode_tok_s"], r["peak_rss_mib"]]
+            [r["decode_tok_s"], r["peak_rss_mib"], r.get("load_s") or float("nan")]
 
     lines = ["| engine | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, r in ok.items():

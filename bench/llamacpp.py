@@ -10,7 +10,7 @@ is needed), with one command:
 
 which downloads the pinned sdist (pip download --no-binary), unpacks it and runs
 
-    cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_AVX512=ON ... (CMAKE_FLAGS)
+    cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_AVX2=ON ... (cmake_flags(): the CPU's own sets)
     cmake --build build --target llama-bench llama-server -j2
 
 under `nice -n 10` (the machine's cores are shared), leaving the binaries in
@@ -37,18 +37,28 @@ from pathlib import Path
 # The llama-cpp-python release whose vendored llama.cpp we build (ggml 0.25.3).
 SDIST_VERSION = "0.3.36"
 TARGETS = ("llama-bench", "llama-server")
-# The x86 instruction sets of -march=native on this machine (Xeon, AVX-512 with VNNI/VBMI/BF16)
-# named one by one, all but AMX: the CPU lists amx_tile/amx_int8 but the VM does not let a
-# process use tile data, so a GGML_NATIVE=ON build dies with SIGILL (tileloadd in ggml's AMX
-# matmul) on any prompt longer than one token. Elsewhere, GGML_NATIVE=ON is the usual choice.
-CMAKE_FLAGS = (
+# The x86 instruction sets that -march=native would pick, named one by one from the CPU's own
+# flags, all but AMX: a CPU may list amx_tile/amx_int8 while its VM does not let a process use
+# tile data, and a GGML_NATIVE=ON build then dies with SIGILL (tileloadd in ggml's AMX matmul) on
+# any prompt longer than one token. Naming a set the CPU lacks fails the same way (AVX-VNNI, the
+# VEX form, on an AMD EPYC with AVX-512 VNNI: SIGILL in the Q4_1 dot product).
+BASE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF",
-    "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-    "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
-    "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-    "-DGGML_AMX_BF16=OFF",
+    "-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
 )
+ISA_FLAGS = {"GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c", "GGML_BMI2": "bmi2",
+             "GGML_AVX_VNNI": "avx_vnni", "GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512vbmi",
+             "GGML_AVX512_VNNI": "avx512_vnni", "GGML_AVX512_BF16": "avx512_bf16"}
+
+
+def cmake_flags() -> tuple[str, ...]:
+    have = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            break
+    return BASE_FLAGS + tuple(f"-D{opt}={'ON' if flag in have else 'OFF'}" for opt, flag in ISA_FLAGS.items())
 
 
 def llama_cpp(bench: str, model: str, threads: int, lengths: list[int], decode: int, depth: int) -> dict:
@@ -84,8 +94,8 @@ def build(dest: Path, jobs: int = 2) -> Path:
         with tarfile.open(sdist) as tar:
             tar.extractall(dest, filter="data")
     nice = ["nice", "-n", "10"]  # the cores are shared with other work
-    # Configured every time (seconds), so a changed CMAKE_FLAGS reaches an existing build.
-    subprocess.run([*nice, "cmake", "-S", str(src), "-B", str(src / "build"), "-G", "Ninja", *CMAKE_FLAGS],
+    # Configured every time (seconds), so changed flags reach an existing build.
+    subprocess.run([*nice, "cmake", "-S", str(src), "-B", str(src / "build"), "-G", "Ninja", *cmake_flags()],
                    check=True)
     print(f"llamacpp: building {' '.join(TARGETS)} with -j{jobs} (tens of minutes on 2 busy cores)",
           file=sys.stderr)

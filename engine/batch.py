@@ -102,6 +102,9 @@ class BatchSession(_Session):
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_tokens=max_tokens)
         self.runner = ModelRunner(engine.model, self.cache)
         self._requests: dict[int, Request] = {}
+        # Longer prompts belong to the long-document path (routed sparse state, prefix cache on
+        # disk): a few of them would hold the whole pool and leave the batch one sequence wide.
+        self.max_prompt_tokens = num_blocks * block_size // 8
 
     def add(self, ids: Seq[int], max_new_tokens: int = 256, *, stop_ids: Seq[int] | None = None,
             temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..kernels.linear.gguf_cpu import BLOCKS, GGUFMatrix
 from .config import CheckpointError, ModelConfig
 from .gguf_loader import GGUFFile
 
@@ -66,12 +67,15 @@ class Checkpoint:
     metadata: dict[str, Any] = field(repr=False)  # GGUF key/values, or {} for HF dirs
     _gguf: GGUFFile | None = field(default=None, repr=False)
 
-    def tensors(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    def tensors(self, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                *, quantized: bool = False) -> dict[str, torch.Tensor | GGUFMatrix]:
         """All weights (quantised ones dequantised) in `dtype` on `device`, under Hugging Face
         names. An HF checkpoint is read straight onto the device: an 8B bf16 model on a GPU
-        never passes through 32 GB of host float32."""
+        never passes through 32 GB of host float32. quantized=True (GGUF, CPU): the matrices the
+        CPU kernel reads stay GGUFMatrix views of the mapped file (engine/gguf_weights.py)."""
         if self.format == "gguf":
-            return {n: t.to(device, dtype) for n, t in _gguf_tensors(self._gguf, self.config).items()}
+            return {n: t if isinstance(t, GGUFMatrix) else t.to(device, dtype)
+                    for n, t in _gguf_tensors(self._gguf, self.config, quantized).items()}
         return _hf_tensors(self.path, dtype, torch.device(device))
 
     def parameter_count(self) -> int:
@@ -85,20 +89,6 @@ class Checkpoint:
             with safe_open(str(f), framework="pt") as sf:
                 total += sum(math.prod(sf.get_slice(name).get_shape()) for name in sf.keys())
         return total
-
-    def q4_blocks(self) -> dict:
-        """The GGUF Q4_0/Q4_1 matrices as stored: HF name -> (raw blocks [rows, bytes] uint8 with
-        Q/K rows in HF order, qtype); {} for other checkpoints. Decode runs on these as stored."""
-        from .decode_weights import Q4_TYPES
-
-        out = {}
-        if self.format != "gguf":
-            return out
-        for _, hf, t, heads in _gguf_entries(self._gguf, self.config):
-            if t.qtype in Q4_TYPES and len(t.shape) == 2:
-                rows = t.raw.reshape(t.shape[0], -1)
-                out[hf] = (unpermute_rope_rows(rows, heads) if heads else rows, t.qtype)
-        return out
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
@@ -176,9 +166,15 @@ def _gguf_entries(gf: GGUFFile, config: ModelConfig):
         yield name, hf, t, heads
 
 
-def _gguf_tensors(gf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+def _gguf_tensors(gf: GGUFFile, config: ModelConfig, quantized: bool = False) -> dict[str, torch.Tensor | GGUFMatrix]:
     out = {}
     for _, hf, t, heads in _gguf_entries(gf, config):
+        if quantized and t.qtype in BLOCKS and len(t.shape) == 2:
+            rows = t.raw.reshape(t.shape[0], -1)  # a view of the mapped file
+            if heads:  # whole rows move, so the blocks are re-ordered as they are (a small copy)
+                rows = np.ascontiguousarray(unpermute_rope_rows(rows, heads))
+            out[hf] = GGUFMatrix(torch.from_numpy(rows), int(t.qtype), t.shape[1])
+            continue
         arr = t.to_numpy()
         if heads:
             arr = unpermute_rope_rows(arr, heads)
@@ -207,10 +203,11 @@ def _hf_tensors(path: Path, dtype: torch.dtype, device: torch.device) -> dict[st
 def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_weights: str = "fp32"):
     """(model, checkpoint): the model's parameters are the checkpoint's tensors themselves.
 
-    decode_weights: "fp32" (none), "bf16", "q4" or "auto" — decode-only weight copies, see
-    engine/decode_weights.py; they apply to fp32 models only."""
+    decode_weights: "fp32" (the reference) dequantises everything; "auto" (Engine.load's default)
+    keeps a GGUF's quantised matrices as stored where the CPU kernel is available
+    (engine/gguf_weights.py)."""
     from .config import GLM_ARCHS
-    from .decode_weights import attach, resolve_mode
+    from .gguf_weights import keeps_quantized, resolve_mode, summary
     from .models.llama import LlamaModel
 
     mode = resolve_mode(decode_weights)
@@ -225,12 +222,14 @@ def load_model(path: str | Path, *, dtype: torch.dtype = torch.float32, decode_w
         model = Gemma3Model(ckpt.config)
     else:
         model = LlamaModel(ckpt.config)
+    # Only the Llama family runs on GGUF blocks; GLM and Gemma 3 load dequantised.
+    quantized, reason = keeps_quantized(mode, ckpt, dtype) if isinstance(model, LlamaModel) else (False, "")
     try:
-        model.load_weights(ckpt.tensors(), dtype=dtype)
+        model.load_weights(ckpt.tensors(quantized=quantized), dtype=dtype)
     except KeyError as e:  # the models' strict name and shape checks
         raise CheckpointError(f"checkpoint {ckpt.path} does not hold the weights its config describes: "
                               f"{e.args[0] if e.args else e}") from None
     model.eval()
-    if isinstance(model, LlamaModel) and dtype == torch.float32:
-        model.decode_weights = attach(model, ckpt, mode)
+    if isinstance(model, LlamaModel):
+        model.decode_weights = summary(model, reason)
     return model, ckpt

@@ -145,8 +145,8 @@ class Engine:
         """Load a GGUF file or HF directory; None means `DOCQA_MODEL`, else the default model.
         device: "cpu", "cuda[:n]" or "auto" (None: `DOCQA_DEVICE`, else auto = CUDA when present).
         dtype: None = bfloat16 on CUDA, float32 on the CPU (faster there, and the reference).
-        decode_weights: "auto", "q4", "bf16" or "fp32": decode-only weight copies on CPU (see
-        engine/decode_weights.py); "auto" keeps a Q4_0/Q4_1 GGUF's matrices 4-bit for decode.
+        decode_weights: "auto" or "fp32": on the CPU "auto" keeps a GGUF's quantised matrices as
+        stored and computes on them, "fp32" dequantises them (engine/gguf_weights.py).
         kernels: "auto" (Triton on CUDA, PyTorch on the CPU), or "triton" on CPU tensors under
         TRITON_INTERPRET=1 (how the tests check the CUDA path without a GPU).
         prefetch: given the tokenizer, the (document key, prefix ids, capacity) of the document
@@ -154,7 +154,7 @@ class Engine:
         decoder the prefix cache reads that document's cached KV into a new state while the
         weights load, so a new process pays for the read only where it outlasts the loading."""
         from .checkpoint import open_checkpoint
-        from .decode_weights import resolve_mode
+        from .gguf_weights import resolve_mode
         from .default_model import resolve_model_path
 
         if kernels not in KERNELS:
@@ -201,7 +201,7 @@ class Engine:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype if self.triton else self.model.embed_tokens.weight.dtype
+        return self.model.dtype if self.triton else self.model.norm.weight.dtype
 
     # --- states ---------------------------------------------------------------------------------
     def sparse_settings(self, **overrides) -> EngineSettings:

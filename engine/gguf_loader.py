@@ -110,6 +110,20 @@ class GGUFFile:
     def _string(self) -> str:
         return self._read(self._unpack("<Q")).decode("utf-8")
 
+    def _strings(self, count: int) -> list[str]:
+        # A tokenizer's vocabulary and merges are 100K+ strings each: one tight loop, without
+        # the per-element type dispatch of _value.
+        mm, pos, out = self._mmap, self._pos, []
+        length = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            (n,) = length(mm, pos)
+            out.append(mm[pos + 8:pos + 8 + n].decode("utf-8"))
+            pos += 8 + n
+        if pos > len(mm):
+            raise ValueError("truncated header")
+        self._pos = pos
+        return out
+
     def _value(self, vtype: int) -> Any:
         vtype = GGUFValueType(vtype)
         if vtype == GGUFValueType.STRING:
@@ -120,6 +134,8 @@ class GGUFFile:
                 dt = np.dtype(_SCALAR[etype])
                 arr = np.frombuffer(self._read(count * dt.itemsize), dtype=dt)
                 return arr.tolist()
+            if etype == GGUFValueType.STRING:
+                return self._strings(count)
             return [self._value(etype) for _ in range(count)]
         return self._unpack(_SCALAR[vtype])
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..attention import KVState
 from ..config import ModelConfig
-from ..decode_weights import DECODE_MAX_ROWS
+from ..gguf_weights import GGUFMatrix, QuantEmbedding, QuantLinear
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -26,11 +26,11 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = _param(d_out, d_in)
         self.bias = _param(d_out) if bias else None
-        self.decode = None  # a decode-only copy (engine/decode_weights.py), for few-row inputs
+        self.quant: QuantLinear | None = None  # the GGUF blocks instead of `weight` (engine/gguf_weights.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decode is not None and x.shape[0] <= DECODE_MAX_ROWS:
-            return self.decode(x)
+        if self.quant is not None:
+            return self.quant(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -39,8 +39,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = _param(dim)
+        self.folded = False  # applied by the quantised product that follows it (engine/gguf_weights.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.folded:
+            return x
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -55,7 +58,7 @@ class Attention(nn.Module):
         self.v_proj = Linear(config.hidden, kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(q_size, config.hidden)
         self.qkv_sizes = (q_size, kv_size, kv_size)
-        self.decode_qkv = None  # q/k/v fused into one decode-only matrix
+        self.qkv: QuantLinear | None = None  # quantised q/k/v as one product
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_eps)
@@ -64,8 +67,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, state: KVState, positions: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        if self.decode_qkv is not None and t <= DECODE_MAX_ROWS:
-            q, k, v = self.decode_qkv(x).float().split(self.qkv_sizes, dim=-1)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split(self.qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(t, self.n_heads, self.head_dim)
@@ -83,16 +86,12 @@ class MLP(nn.Module):
         self.gate_proj = Linear(config.hidden, config.intermediate)
         self.up_proj = Linear(config.hidden, config.intermediate)
         self.down_proj = Linear(config.intermediate, config.hidden)
-        self.decode_gate_up = None  # gate/up fused into one decode-only matrix
+        self.gate_up: QuantLinear | None = None  # quantised gate/up as one product
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decode_gate_up is not None and x.shape[0] <= DECODE_MAX_ROWS:
-            # bf16 from here to the down projection, which takes bf16 anyway; its output joins
-            # the fp32 residual stream by type promotion.
-            gate, up = self.decode_gate_up(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        if self.gate_up is not None:  # silu(gate) * up inside the product
+            return self.down_proj(self.gate_up(x))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
@@ -118,7 +117,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.hidden, config.rms_eps)
         self.lm_head = Linear(config.hidden, config.vocab)
-        self.decode_weights = {"mode": "fp32", "bytes": 0}  # what engine/decode_weights.py attached
+        self.decode_weights = {"mode": "fp32", "bytes": 0}  # fp32 or GGUF blocks (engine/gguf_weights.py)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, state: KVState, *, last_only: bool = False,
@@ -127,12 +126,8 @@ class LlamaModel(nn.Module):
         """Run `input_ids` [T] after what `state` already holds; logits [T, vocab] ([1, vocab]
         with last_only). Long inputs go through in chunks of `chunk_size` tokens, so activations
         stay bounded; ask for last_only there, or the logits alone are T x vocab floats.
-        argmax_only: the caller uses only each row's argmax, so a decode step may screen the
-        vocabulary with 4-bit weights (decode_weights.OutputHead.screen): the top candidates'
-        logits are exact, the rest approximate. on_chunk(done, total) after each chunk."""
-        head = self.lm_head
-        if argmax_only and head.decode is not None and input_ids.numel() <= DECODE_MAX_ROWS:
-            head = head.decode.screen
+        argmax_only: the caller uses only each row's argmax (the shared signature; this model
+        computes every logit either way). on_chunk(done, total) after each chunk."""
         input_ids = input_ids.reshape(-1)
         outs = []
         for start in range(0, input_ids.shape[0], chunk_size):
@@ -143,7 +138,7 @@ class LlamaModel(nn.Module):
                 continue
             if last_only:
                 hidden = hidden[-1:]
-            outs.append(head(self.norm(hidden)))
+            outs.append(self.lm_head(self.norm(hidden)))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _forward_chunk(self, ids: torch.Tensor, state: KVState) -> torch.Tensor:
@@ -155,9 +150,11 @@ class LlamaModel(nn.Module):
         state.commit(t)
         return x
 
-    def load_weights(self, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32) -> None:
+    def load_weights(self, weights: dict[str, torch.Tensor | GGUFMatrix], dtype: torch.dtype = torch.float32) -> None:
         """Assign HF-named tensors (`model.layers.0.self_attn.q_proj.weight`, ...) as parameters,
-        without copying those already of `dtype`. Shapes and names are checked strictly."""
+        without copying those already of `dtype`. Shapes and names are checked strictly. A matrix
+        given as a GGUFMatrix stays quantised (engine/gguf_weights.py): its Linear computes on the
+        blocks, q/k/v and gate/up fused into one product each where all of them are quantised."""
         if self.config.fp8_block is not None:  # CPU: FP8 matrices dequantised once, at load (models/fp8.py)
             from .fp8 import dequantize_checkpoint
 
@@ -177,6 +174,34 @@ class LlamaModel(nn.Module):
                 raise KeyError(f"tensor {name} has shape {tuple(t.shape)}, the config implies {want}")
             module_name, _, attr = name.rpartition(".")
             module = self.get_submodule(module_name)
+            if isinstance(t, GGUFMatrix):
+                if name == "embed_tokens.weight":
+                    self.embed_tokens = QuantEmbedding(t)
+                else:
+                    module.weight, module.quant = None, t  # made a QuantLinear below, with its bias
+                continue
             setattr(module, attr, nn.Parameter(t.to(dtype).contiguous(), requires_grad=False))
-        if "lm_head.weight" not in weights or self.config.tie_embeddings:
+        if any(isinstance(t, GGUFMatrix) for t in state.values()):
+            self._quantized_products()
+        elif "lm_head.weight" not in weights or self.config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def _quantized_products(self) -> None:
+        """Quantised Linears compute on their blocks; in a Llama block q/k/v and gate/up run as
+        one product each, with the RMSNorm before them (and SwiGLU after gate/up) folded in, as
+        is the final norm into the output projection: fewer dispatches per decode step."""
+        for mod in self.modules():
+            if isinstance(mod, Linear) and isinstance(mod.quant, GGUFMatrix):
+                mod.quant = QuantLinear([mod.quant], None if mod.bias is None else mod.bias.detach())
+        for block in self.layers:
+            a, m = block.self_attn, block.mlp
+            if isinstance(block, Block) and all(p.quant for p in (a.q_proj, a.k_proj, a.v_proj)):
+                biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+                a.qkv = QuantLinear([*a.q_proj.quant.mats, *a.k_proj.quant.mats, *a.v_proj.quant.mats],
+                                    None if biases[0] is None else torch.cat(biases).detach(),
+                                    norm=block.input_layernorm)
+            if isinstance(block, Block) and m.gate_proj.quant and m.up_proj.quant:
+                m.gate_up = QuantLinear([*m.gate_proj.quant.mats, *m.up_proj.quant.mats],
+                                        norm=block.post_attention_layernorm, swiglu=True)
+        if self.lm_head.quant is not None:
+            self.lm_head.quant = QuantLinear(self.lm_head.quant.mats, norm=self.norm)
