@@ -427,10 +427,11 @@ def run_json(run) -> dict:
         "status": run.status,
         "citations": [c.model_dump(exclude={"char_start", "char_end"}) for c in cites],
         "evidence": [c.model_dump(exclude={"char_start", "char_end"}) for c in run.evidence],
-        # A withheld answer: what the model wrote and its citations, none supporting it.
-        "draft": ({"answer": run.raw_answer, "citations": [c.model_dump(exclude={"char_start", "char_end"})
-                                                           for c in run.draft_citations]}
-                  if run.draft_citations else None),
+        # A withheld answer (or free text shown only as its quotes): what the model wrote and the
+        # citations it wrote, each with its verdicts.
+        "draft": ({"answer": run.draft, "citations": [c.model_dump(exclude={"char_start", "char_end"})
+                                                      for c in run.draft_citations]}
+                  if run.draft else None),
         "model": run.model,
         "timings": run.timings,
         "run_id": run.id,
@@ -439,12 +440,16 @@ def run_json(run) -> dict:
 
 
 def citation_line(c, *, multi: bool = False) -> str:
-    """One citation as the CLI shows it: verified (the words are on those lines) and supports
-    (the quote answers the question) as two separate verdicts."""
+    """One citation as the CLI shows it: verified (the words are on those lines) and whether the
+    quote answers the question, as two separate verdicts. The second is said as what was checked
+    — the model's own yes after the rules, or the rules alone (a stored run, a review) — and not
+    as "supports": no judgement measured on the corpus gold yet makes ≥ 90 % of the answers it
+    passes right (bench/results/answers.md)."""
     if not c.verified:
         return f"UNVERIFIED {c.label(with_doc=multi)} ({c.note}), not shown as support"
     moved = " (re-pointed: the model named other lines)" if c.relocated else ""
-    support = {True: "supports", False: "does NOT support", None: "support not judged"}[c.supports]
+    support = {True: "the model says it answers" if c.confirm_logodds is not None else "on the question's subject",
+               False: "does NOT support", None: "support not judged"}[c.supports]
     why = f" ({c.note.removeprefix('does not support the answer: ')})" if c.supports is False and c.note else ""
     return f"verified, {support}{why} {c.label(with_doc=multi)}{moved}: \"{short(c.quote)}\""
 
@@ -460,6 +465,9 @@ def print_run(run, *, show_draft: bool = False) -> None:
         out.print("citations:")
         for c in run.citations:
             out.print("  " + citation_line(c, multi=multi))
+        if run.draft:  # free text shown as its supporting quotes
+            out.print("(the model's own words are not shown: they state more than these quotes say"
+                      + ("; its draft is below)" if show_draft else "; --show-draft shows them)"))
     elif run.status == "not_found" and run.draft_citations:
         # Withheld: the quotes verify, but none of them answers what was asked.
         out.print("Not found in the document: no quote of the model's answer supports it (each is on its "
@@ -468,16 +476,17 @@ def print_run(run, *, show_draft: bool = False) -> None:
     elif run.status == "not_found":
         out.print("Not found in the document (the model found no answer in the passages it read).")
     elif run.status == "unsupported":
-        out.print("The model's answer could not be verified against the document, so it is not shown.")
+        out.print("The model's answer could not be verified against the document, so it is not shown"
+                  + (" (--show-draft shows it)." if not show_draft else "; its draft is below."))
     if run.evidence:
         out.print()
         out.print("evidence:")
         for i, c in enumerate(run.evidence, 1):
             out.print(f"  {i}. {c.label(with_doc=multi)} {preview(c.quote, run.question, 160)}")
-    if show_draft and run.draft_citations:
+    if show_draft and run.draft:
         out.print()
         out.print("withheld draft (not an answer):")
-        out.print(f"  {short(run.raw_answer or '', 400)}")
+        out.print(f"  {short(run.draft, 400)}")
         for c in run.draft_citations:
             out.print("  " + citation_line(c, multi=multi))
     t = run.timings.get("total_s")

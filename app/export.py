@@ -149,7 +149,7 @@ def _row(store: Store, run: Run | None, doc_cache: dict, *, item=None) -> Row:
         kind=run.kind, status=run.status, answer=run.answer, run_id=run.id, model=run.model,
         citations=[_view(store, c, doc_cache) for c in shown],
         evidence=[_view(store, c, doc_cache) for c in run.evidence],
-        draft=run.raw_answer if run.draft_citations else None,
+        draft=run.draft,
         draft_citations=[_view(store, c, doc_cache) for c in run.draft_citations if c.verified],
     )
 

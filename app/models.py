@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..pipelines.answer.prompt import READ_ALL_PROMPT, document_for_model
+from ..pipelines.answer.prompt import READ_ALL_PROMPT, document_for_model, question_block
 from ..pipelines.document import Document
 from ..pipelines.answer.qa import Generate
 from ..pipelines.answer.quote_constraint import QuoteDecoder, QuotePlan, TokenTable
+from ..pipelines.answer.support import Confirm
 from . import config
 from .errors import DocqaError
 from .remote import RemoteModel, is_remote
@@ -39,7 +40,8 @@ Progress = Callable[[str, int, int], None]
 
 class LoadedEngine:
     """An engine with what answering keeps beside it: its vocabulary as text (for quote-
-    constrained decoding, built on first use); its prefix cache is the engine's own."""
+    constrained decoding and the yes/no verdict, built on first use); its prefix cache is the
+    engine's own."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -50,6 +52,21 @@ class LoadedEngine:
         if self._token_table is None:
             self._token_table = TokenTable.from_tokenizer(self.engine.tokenizer)
         return self._token_table
+
+    def confirm(self, messages: list[dict[str, str]]) -> float:
+        """The model's log-odds of "Yes" over "No" as the first word of its reply to `messages`
+        (support.confirm_messages): one prefill, no decoding. Every spelling of each word counts
+        ("Yes", " yes", …). A model that thinks first is asked not to (an empty think block)."""
+        from ..engine.chat import template_of
+
+        engine = self.engine
+        system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        user = "\n\n".join(m["content"] for m in messages if m["role"] == "user")
+        thinking = False if "enable_thinking" in template_of(engine.tokenizer) else None
+        ids = engine.chat_prompt(user, system=system, thinking=thinking)
+        lp = engine.prefill(ids, engine.new_state(len(ids) + 1))[: len(self.token_table.texts)].log_softmax(-1)
+        yes, no = self.token_table.yes_no
+        return float(lp[yes].logsumexp(-1) - lp[no].logsumexp(-1))
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,11 @@ class Model:
     can_quote: bool = True  # quote-constrained decoding needs the model's logits
     server: RemoteModel | None = None  # the model server, when it is one
 
+    @property
+    def confirm(self) -> Confirm:
+        """The model's yes/no verdict on whether a quote answers the question (support.py)."""
+        return self.engine.confirm if self.engine is not None else self.server.yes_no
+
     def last_generation(self) -> Generation | None:
         """The engine's last call, when this is the engine and it has generated."""
         return self.generate.last if isinstance(self.generate, EngineGenerate) else None
@@ -200,7 +222,7 @@ def read_all_messages(doc: Document, question: str) -> list[dict[str, str]]:
     """The whole document, then the question last: everything before the question is the same
     for every question on the document, which is what prefix caches reuse."""
     return [{"role": "system", "content": READ_ALL_PROMPT},
-            {"role": "user", "content": document_for_model(doc) + "\n\nQuestion: " + question}]
+            {"role": "user", "content": document_for_model(doc) + "\n\n" + question_block(question)}]
 
 
 def read_all_remote(remote: RemoteModel, doc: Document, question: str, settings: AskSettings,

@@ -13,6 +13,7 @@ wait (connecting, and each read while the server thinks).
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ PREFIX = "openai:"
 # Seconds any one wait may take: connecting, or the gap between two streamed tokens (a server
 # prefilling a long prompt on a CPU may take a while before the first).
 TIMEOUT_S = 300.0
+# The log-odds a verdict counts for when a server writes "Yes" or "No" but sends no log-probabilities.
+VERDICT_LOGODDS = 5.0
 
 
 class ModelServerError(DocqaError):
@@ -110,6 +113,33 @@ class RemoteModel:
         except OSError as e:  # the connection dropped mid-answer
             raise ModelServerError(f"model server {self.base_url} stopped answering: {e}") from None
         return "".join(parts)
+
+    def yes_no(self, messages: list[dict[str, str]]) -> float:
+        """The server's log-odds of "Yes" over "No" as the first word of its reply (a quote's
+        verdict, pipelines/answer/support.py): from the reply's top log-probabilities where the
+        server sends them (vLLM, llama-server), else ±VERDICT_LOGODDS for the word it wrote."""
+        body = {"model": self.model or "", "messages": messages, "max_tokens": 1, "temperature": 0.0,
+                "stream": False, "logprobs": True, "top_logprobs": 20}
+        try:
+            with self._request("/chat/completions", body) as r:
+                choice = json.load(r)["choices"][0]
+        except TimeoutError:
+            raise ModelServerError(f"model server {self.base_url} sent nothing for {self.timeout_s:.0f} s") from None
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ModelServerError(f"model server {self.base_url}: the reply is not an OpenAI chat completion") from None
+        top = (((choice.get("logprobs") or {}).get("content") or [{}])[0] or {}).get("top_logprobs") or []
+        scores = {"yes": [], "no": []}
+        for t in top:
+            word = str(t.get("token", "")).strip().lower()
+            if word in scores and isinstance(t.get("logprob"), (int, float)):
+                scores[word].append(math.exp(t["logprob"]))
+        if top and (scores["yes"] or scores["no"]):
+            # A word missing from the top list is less likely than the least likely listed.
+            floor = min(math.exp(t["logprob"]) for t in top if isinstance(t.get("logprob"), (int, float)))
+            yes, no = (sum(scores[w]) or floor / 2 for w in ("yes", "no"))
+            return math.log(yes) - math.log(no)
+        word = ((choice.get("message") or {}).get("content") or "").strip().lower()
+        return VERDICT_LOGODDS if word.startswith("yes") else -VERDICT_LOGODDS
 
 
 def _stream_deltas(r, url: str) -> Iterator[str]:

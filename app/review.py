@@ -263,7 +263,7 @@ def answer_item(payload: dict) -> dict:
             budget_tokens=settings.budget_tokens, evidence_k=settings.evidence,
             quote=settings.quote and (model is None or model.can_quote),
             quote_from=settings.quote_from, read_k=settings.passages, support_check=settings.subject_check,
-            **kwargs,
+            confirm=model.confirm if model else None, **kwargs,
         )
         timings = dict(answer.timings)
         generation = model.last_generation() if model else None

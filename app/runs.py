@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..pipelines.answer.citations import Citation
-from ..pipelines.answer.qa import Answer
+from ..pipelines.answer.qa import Answer, draft_of
 from .errors import DocqaError
 from .remote import PREFIX
 from .store import Store
@@ -55,6 +55,11 @@ class Run(BaseModel):
     created_at: str
     job_id: str | None = None
     item_id: str | None = None
+
+    @property
+    def draft(self) -> str | None:
+        """A withheld answer's text (or free text shown only as its quotes): see qa.draft_of."""
+        return draft_of(self.status, self.raw_answer, self.draft_citations)
 
 
 def model_label(spec: str | None) -> str:

@@ -190,7 +190,7 @@ def ask(
         else:
             raw, engine_timings = read_all_engine(model.engine, prompt, on_token, on_progress)
         answer = answer_read_all(question, raw, docs, ranked, passages[doc.doc_id], evidence_k=settings.evidence,
-                                 support_check=settings.subject_check)
+                                 support_check=settings.subject_check, confirm=model.confirm)
         answer.timings.update(engine_timings)
     else:
         answer = answer_question(
@@ -198,6 +198,7 @@ def ask(
             budget_tokens=settings.budget_tokens, evidence_k=settings.evidence,
             quote=settings.quote and (model is None or model.can_quote),
             quote_from=settings.quote_from, read_k=settings.passages, support_check=settings.subject_check,
+            confirm=model.confirm if model else None,
             **({"count_tokens": model.count_tokens} if model and model.count_tokens else {}),
         )
     timings = dict(answer.timings, retrieve_s=t1 - t0, load_model_s=t2 - t1)

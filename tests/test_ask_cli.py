@@ -69,20 +69,23 @@ def test_model_answer_only_shows_verified_citations(ingested):
 
 def test_default_model_quotes_with_a_verified_citation(ingested):
     """Quote-constrained decoding (the default): the 135M model's answer to a plain question
-    carries a citation the verifier accepts, quoted from the lines it names."""
+    carries a citation the verifier accepts, quoted from the lines it names. Whether it is shown
+    is the support judgement's (the model's own yes/no: the 135M model's is rarely yes, so the
+    answer may be withheld with its quotes in the draft)."""
     pdf, db = ingested
     question = "How long do the confidentiality obligations survive?"
     r = CliRunner().invoke(app, ["ask", str(pdf), question, "--db", str(db), "--json",
                                  "--budget", "600", "--max-tokens", "80"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    assert res["status"] == "answered"
-    shown = [c for c in res["citations"] if c["verified"]]
-    assert shown
-    for c in shown:
+    assert res["status"] in ("answered", "not_found")
+    cited = res["citations"] if res["status"] == "answered" else res["draft"]["citations"]
+    quotes = [c for c in cited if c["verified"]]
+    assert quotes and all(c["confirm_logodds"] is not None for c in quotes)
+    for c in quotes:
         lines = _source_lines(c["page"])[c["line_start"] - 1 : c["line_end"]]
         assert normalize(c["quote"]) in normalize(" ".join(lines))
-        assert f'"{c["quote"]}"' in res["answer"]
+        assert f'"{c["quote"]}"' in (res["answer"] if res["status"] == "answered" else res["draft"]["answer"])
 
 
 def test_abstain_margin_turns_a_quote_into_not_found_with_evidence(ingested):
@@ -99,6 +102,24 @@ def test_abstain_margin_turns_a_quote_into_not_found_with_evidence(ingested):
     assert res["status"] == "not_found" and res["answer"] == "Not found in the document."
     assert not [c for c in res["citations"] if c["verified"]] and res["draft"] is None
     assert res["evidence"] and all(c["verified"] for c in res["evidence"])
+
+
+def test_show_draft_shows_a_withheld_free_text_answer(ingested):
+    """Issue 28: a free-text answer that is not shown was lost (`draft` null, --show-draft
+    printed nothing). The default model's free text cites lines its words are not on, so the
+    answer is withheld; its whole text is the run's draft, in --json and under --show-draft."""
+    pdf, db = ingested
+    args = ["ask", str(pdf), QUESTION, "--db", str(db), "--free-text", "--max-tokens", "40", "--budget", "600"]
+    res = json.loads(CliRunner().invoke(app, args + ["--json"]).stdout)
+    assert res["status"] in ("unsupported", "not_found") and res["citations"] == []
+    draft = res["draft"]["answer"]
+    assert draft.strip() and "not found" not in draft.lower()
+    r = CliRunner().invoke(app, args + ["--show-draft"])
+    assert r.exit_code == 0, r.output
+    plain = CliRunner().invoke(app, args).stdout
+    assert "withheld draft" not in plain and "--show-draft" in plain
+    shown = r.stdout[r.stdout.index("withheld draft (not an answer):"):]
+    assert " ".join(draft.split())[:60] in " ".join(shown.split())
 
 
 @pytest.mark.slow
@@ -126,3 +147,19 @@ def test_read_all_second_question_from_another_process_reuses_the_document_kv(tm
     assert first["cached_tokens"] == 0 and first["prefix_tokens"] > 2048
     assert second["cached_tokens"] == 2048  # one full segment of the document, read from disk
     assert second["prefilled_tokens"] < first["prefilled_tokens"] - 2000
+
+
+def test_a_citation_says_what_was_checked_not_supports():
+    """Issue 28: the rules alone (a quote on the question's subject) were shown as "supports",
+    though on the corpus gold far fewer than 90 % of such answers are right, and so are those the
+    model's own yes passes (bench/results/answers.md): the CLI says which check passed."""
+    from docqa.app.cli import citation_line
+    from docqa.pipelines.answer.citations import Citation
+
+    c = Citation(doc_id="d", page=3, line_start=1, line_end=2, quote="governed by the laws of Ohio",
+                 verified=True, supports=True)
+    assert "on the question's subject" in citation_line(c) and "supports" not in citation_line(c)
+    confirmed = citation_line(c.model_copy(update={"confirm_logodds": 2.0}))
+    assert confirmed.startswith("verified, the model says it answers") and "supports" not in confirmed
+    rejected = c.model_copy(update={"supports": False, "confirm_logodds": -2.0, "note": "does not support the answer: x"})
+    assert "does NOT support (x)" in citation_line(rejected)

@@ -139,7 +139,8 @@ def test_a_citation_keeps_its_stored_and_json_field_names():
     old = ('{"doc_id":"d","page":null,"section_id":"intro","line_start":1,"line_end":2,"quote":"q",'
            '"segment_id":null,"verified":false,"relocated":false,"char_start":null,"char_end":null,'
            '"note":null,"supports":null}')
-    assert Citation.model_validate_json(old) == c and c.model_dump_json() == old
+    # Written back the same, key for key, with the fields added since at the end.
+    assert Citation.model_validate_json(old) == c and c.model_dump_json() == old[:-1] + ',"confirm_logodds":null}'
     assert list(c.model_dump(exclude={"char_start", "char_end"})) == [
         "doc_id", "page", "section_id", "line_start", "line_end", "quote", "segment_id", "verified", "relocated",
-        "note", "supports"]
+        "note", "supports", "confirm_logodds"]

@@ -50,8 +50,10 @@ def test_verified_answer_and_prompt_contents():
 def test_fabricated_answer_is_not_shown_as_supported():
     gen = scripted('"governed by the laws of Delaware" [PAGE:3, LINE:1-2]')
     ans = answer_question("Which law governs?", DOCS, PASSAGES, gen)
-    assert ans.status == "unsupported" and ans.answer is None
-    assert [c.verified for c in ans.citations] == [False]
+    assert ans.status == "unsupported" and ans.answer is None and not ans.citations
+    # Withheld, not lost: the draft keeps the text and its unverified citation.
+    assert ans.draft == "\"governed by the laws of Delaware\" [PAGE:3, LINE:1-2]"
+    assert [c.verified for c in ans.draft_citations] == [False]
     assert ans.evidence and all(c.verified for c in ans.evidence)  # the fallback
 
 
@@ -74,7 +76,7 @@ def test_free_text_that_copies_a_clause_cites_the_copied_words():
     assert (c.span.page, c.span.line_start) == (2, 2) and normalize("terminate this Agreement for convenience") in normalize(c.quote)
     loose = answer_question("Can it be terminated for convenience?", DOCS, PASSAGES,
                             scripted("The parties may end the agreement for convenience, it seems to me."))
-    assert not any(c.verified for c in loose.citations) and loose.status == "unsupported"
+    assert not any(c.verified for c in loose.draft_citations) and loose.status == "unsupported"
 
 
 def test_not_found_and_evidence_only():

@@ -2,6 +2,7 @@
 passages it read, under their own labels, or abstains; the verifier still checks everything."""
 
 import random
+import string
 
 import pytest
 import torch
@@ -139,17 +140,33 @@ def test_a_quote_cannot_be_closed_before_the_minimum_or_mid_word(tokenizer, tabl
     assert tokenizer.decode(out).startswith(f'"{quote}" {_label_of(quote)}')
 
 
+def _first_step(table, first: dict[str, float], then):
+    """Scores whose first step puts the named tokens at the given logits and every other token
+    far below (a trained model's long tail), then follow `_favouring(table, then)`."""
+    later = _favouring(table, then)
+
+    def score(step, out):
+        if step:
+            return later(step - 1, out)
+        logits = torch.full((len(table.texts),), -30.0)
+        for text, value in first.items():
+            logits[table.by_text[text][0]] = value
+        return logits
+    return score
+
+
 def test_abstain_when_the_model_prefers_it(tokenizer, table):
     decoder = QuoteDecoder(plan_for(PASSAGES), table)
     # "No" spells the start of "Not found…" but is not the abstain choice: "Not" is.
-    out = run(decoder, _favouring(table, _script([["No", "Not", '"']], ["xyz"])), 40)
+    out = run(decoder, _first_step(table, {"Not": 0.0, "No": -1.0, '"': -2.0}, lambda step: ["xyz"]), 40)
     assert tokenizer.decode(out) == ABSTAIN and decoder.abstained and not decoder.cited
 
 
 def test_abstain_margin_asks_for_more_than_a_bare_preference(tokenizer, table):
-    """The model prefers quoting by one unit of log-odds: that quotes by default, and abstains
-    when more confidence is asked for; the margin is kept for audit either way."""
-    scores = _favouring(table, _script([['"', "Not"], ["State"]], ['"']))
+    """The model's log-odds of answering at all over abstaining is one unit (P("Not") =
+    e^-1 / (1 + e^-1)): that quotes by default, and abstains when more confidence is asked
+    for; the margin is kept for audit either way."""
+    scores = _first_step(table, {'"': 0.0, "Not": -1.0}, _script([["State"]], ['"']))
     quoting = QuoteDecoder(plan_for(PASSAGES), table)
     run(quoting, scores, 40)
     assert quoting.cited and not quoting.abstained
@@ -158,6 +175,17 @@ def test_abstain_margin_asks_for_more_than_a_bare_preference(tokenizer, table):
     out = run(careful, scores, 40)
     assert tokenizer.decode(out) == ABSTAIN and careful.abstained and not careful.cited
     assert careful.quote_margin == pytest.approx(1.0, abs=1e-4)
+
+
+def test_an_answer_in_the_models_own_words_counts_as_answering(tokenizer, table):
+    """An instruct model starts its answers with a word ("The", "[PAGE") far more often than
+    with a quote mark: that weight counts for answering, and the answer is then a quote."""
+    scores = _first_step(table, {"The": 0.0, "Not": -2.0, '"': -6.0}, _script([["State"]], ['"']))
+    decoder = QuoteDecoder(plan_for(PASSAGES), table)
+    out = run(decoder, scores, 40)
+    assert decoder.cited and tokenizer.decode(out).startswith('"State')
+    # log((1 + e^-6) / e^-2): every first word but "Not" against "Not"
+    assert decoder.quote_margin == pytest.approx(2.0 + float(torch.tensor([0.0, -6.0]).logsumexp(0)), abs=1e-4)
 
 
 def test_a_yes_no_no_does_not_count_as_abstaining(tokenizer, table):
@@ -227,3 +255,40 @@ def test_an_opening_curly_quote_does_not_close_a_quote(tokenizer, table):
 
 def table_decode(table, ids):
     return "".join(table.texts[i] for i in ids)
+
+
+def test_a_quote_opened_by_a_merged_token_counts_and_is_written():
+    """Qwen's vocabulary (like GPT-4's) writes '"State' as one token and seldom predicts the
+    bare mark before a word: a quote may open with such a token, which writes its first word
+    (one whose word is in no passage may not)."""
+    words = ['"', "Not", " found", " in", " the", " document", '"State', " of", " New", " York", " [", "PAGE",
+             " LINE", '"Delaware']
+    texts = words + [c for c in string.printable if c not in words and c.isprintable()] + ["<eos>"]
+    table = TokenTable(texts, [len(texts) - 1], lambda s: [texts.index(t) for t in _spell(texts, s)])
+    ids = {t: i for i, t in enumerate(texts)}
+
+    def score(step, out):
+        logits = torch.full((len(texts),), -20.0)
+        if step == 0:  # the bare mark is unlikely, the merged opener likely, "Delaware" is in no passage
+            logits[ids['"']], logits[ids["Not"]], logits[ids['"State']], logits[ids['"Delaware']] = -6.0, -1.0, 0.0, 0.5
+            return logits
+        for want in [" of", " New", " York", '"', " [", "PAGE", ":", "3", ",", " LINE", ":", "1", "-", "2", "]"]:
+            logits[ids[want]] = 1.0 if want != '"' else 0.5
+        return logits
+
+    decoder = QuoteDecoder(plan_for(PASSAGES, min_quote_chars=12), table, max_tokens=40)
+    out = run(decoder, score, 40)
+    assert out[0] == ids['"State'] and not decoder.abstained
+    assert decoder.cited and decoder.cited[0][0].startswith("State of New York")
+    span, = parse_citations(table_decode(table, out))[:1]
+    assert verify(span, DOCS, DOC.doc_id).verified
+
+
+def _spell(texts, s):
+    """Greedy longest-match spelling of `s` in a toy vocabulary."""
+    out, i = [], 0
+    while i < len(s):
+        t = max((t for t in texts if s.startswith(t, i)), key=len)
+        out.append(t)
+        i += len(t)
+    return out

@@ -238,6 +238,23 @@ def test_ask_through_docqa_serve(server, ingested):
         assert any(c["supports"] for c in res["citations"])
 
 
+def test_a_withheld_server_answer_keeps_its_draft(server, ingested):
+    """Issue 28: a model server's answer that is not shown was lost (`draft` null). The served
+    default model's reply to this question cites nothing that verifies: it is withheld, and its
+    whole text is the draft, in --json and under --show-draft."""
+    pdf, db = ingested
+    args = ["ask", str(pdf), "Which law governs?", "--db", str(db), "--max-tokens", "48",
+            "--model", f"openai:{server.url}"]
+    res = json.loads(CliRunner().invoke(app, args + ["--json"]).stdout)
+    assert res["status"] in ("unsupported", "not_found") and res["citations"] == []
+    draft = res["draft"]["answer"]
+    assert draft.strip() and "not found" not in draft.lower()
+    r = CliRunner().invoke(app, args + ["--show-draft"])
+    assert r.exit_code == 0, r.output
+    shown = r.stdout[r.stdout.index("withheld draft (not an answer):"):]
+    assert " ".join(draft.split())[:60] in " ".join(shown.split())
+
+
 def test_server_down_is_one_line_error(ingested):
     with socket.socket() as s:  # a port nobody listens on once closed
         s.bind(("127.0.0.1", 0))

@@ -215,3 +215,59 @@ def test_a_statement_row_takes_its_years_from_the_header_above():
                     doc_id="c0000002", content_sha256="5" * 64, path="c2.txt", type="text")
     ans2 = answer_question(q, {doc2.doc_id: doc2}, make_passages(doc2), scripted(reply), support_check=True)
     assert ans2.status == "not_found" and "years" in ans2.draft_citations[0].note
+
+
+# The issue-28 server case, on a contract page: a paragraph that invents a claim around a
+# six-word fragment copied from the clause.
+CLAUSE_PAGES = [["12. Governing Law. This Agreement will be governed in all respects by the laws of the",
+                 "State of Ohio, without regard to its conflict of laws principles."],
+                ["13. Notices. Notices shall be given in writing to the addresses set out above."]]
+CONTRACT = assemble([RawPage(lines=[RawLine(text=t) for t in p]) for p in CLAUSE_PAGES],
+                    doc_id="ohio00000001", content_sha256="4" * 64, path="licence.txt", type="text")
+LAW_Q = "Which law governs the agreement?"
+
+
+def test_a_wrong_free_text_claim_with_a_verified_fragment_is_not_shown_as_supported():
+    reply = ("The agreement will be governed in all respects by the laws of the State of Ohio, which is a "
+             "federal law that applies in every state court.")
+    ans = answer_question(LAW_Q, {CONTRACT.doc_id: CONTRACT}, make_passages(CONTRACT), scripted(reply),
+                          support_check=True)
+    # The fragment verifies and supports; the invented claim around it is not shown.
+    assert ans.status == "answered" and "federal" not in ans.answer
+    (c,) = ans.citations
+    assert c.verified and c.supports and c.span.page == 1 and f'"{c.quote}"' in ans.answer
+    assert ans.draft == reply  # kept for --show-draft
+    # The same fragment in a sentence that says nothing more is shown as the model wrote it.
+    plain = "It will be governed in all respects by the laws of the State of Ohio."
+    ok = answer_question(LAW_Q, {CONTRACT.doc_id: CONTRACT}, make_passages(CONTRACT), scripted(plain),
+                         support_check=True)
+    assert ok.status == "answered" and ok.answer == plain and ok.draft is None
+
+
+def test_the_models_verdict_decides_supports_after_the_rules():
+    """A quote that names the subject still needs the model's own "yes": asked apart from the
+    answer, with the question and the quote only."""
+    docs = {CONTRACT.doc_id: CONTRACT}
+    reply = '"governed in all respects by the laws of the State of Ohio" [PAGE:1, LINE:1-2]'
+    asked = []
+
+    def says(logodds):
+        def confirm(messages):
+            asked.append(messages[-1]["content"])
+            return logodds
+        return confirm
+
+    yes = answer_question(LAW_Q, docs, make_passages(CONTRACT), scripted(reply), support_check=True, confirm=says(2.5))
+    assert yes.status == "answered" and yes.citations[0].supports and yes.citations[0].confirm_logodds == 2.5
+    assert LAW_Q in asked[0] and "State of Ohio" in asked[0] and "[PAGE" not in asked[0]
+    # a bare "yes" below the margin fitted on the tune questions is not enough (issue 28: at 0,
+    # wrong quotes the evaluation model half-believed were shown)
+    from docqa.pipelines.answer.support import CONFIRM_MARGIN
+
+    weak = answer_question(LAW_Q, docs, make_passages(CONTRACT), scripted(reply), support_check=True,
+                           confirm=says(CONFIRM_MARGIN - 0.3))
+    assert CONFIRM_MARGIN > 0 and weak.status == "not_found"
+    no = answer_question(LAW_Q, docs, make_passages(CONTRACT), scripted(reply), support_check=True, confirm=says(-3.0))
+    assert no.status == "not_found" and no.draft == reply
+    (c,) = no.draft_citations
+    assert c.verified and not c.supports and "the model does not judge that it answers" in c.note

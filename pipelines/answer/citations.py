@@ -39,11 +39,14 @@ class Citation(Spanned):
     # for a numeric question, holds a figure of the kind and year asked. None: not judged
     # (evidence passages, runs stored before the check existed).
     supports: bool | None = None
+    # The model's log-odds that the quote answers the question, asked apart from the answer
+    # (support.confirm_messages); None: not asked. Part of the answer's audit, not stored.
+    confirm_logodds: float | None = None
 
     _FLAT = {"page": "page", "section_id": "element_id", "element_id": "element_id", "line_start": "line_start",
              "line_end": "line_end", "char_start": "char_start", "char_end": "char_end"}
     _ORDER = ("doc_id", "page", "section_id", "line_start", "line_end", "quote", "segment_id", "verified",
-              "relocated", "char_start", "char_end", "note", "supports")
+              "relocated", "char_start", "char_end", "note", "supports", "confirm_logodds")
 
     def label(self, *, with_doc: bool = False) -> str:
         """`[PAGE:p, LINE:a-b]` (or SECTION for HTML); `with_doc` names the document first,

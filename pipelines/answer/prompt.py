@@ -107,10 +107,22 @@ def build_context(
     return BuiltContext(text=text, passages=chosen, tokens=used)
 
 
+# What the reply must look like, said again right after the question: an instruct model follows
+# the instruction nearest its turn, and without it seldom opens its reply with a quote
+# (bench/results/answers.md has the first-token figures).
+ANSWER_FORMAT = ("Reply with the exact words of the excerpt that answers the question, in double quotes, "
+                 "followed by its citation; or reply: Not found in the document.")
+
+
+def question_block(question: str) -> str:
+    """The end of the user's turn: the question, then the reply's format."""
+    return f"Question: {question}\n\n{ANSWER_FORMAT}"
+
+
 def chat_messages(question: str, context: BuiltContext) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"{context.text}\n\nQuestion: {question}"},
+        {"role": "user", "content": f"{context.text}\n\n{question_block(question)}"},
     ]
 
 

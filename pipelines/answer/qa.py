@@ -6,8 +6,10 @@ it with a scripted model. Steps: build the context, generate, parse and verify c
 attach mechanical citations to answer sentences copied verbatim from the excerpts, and fall
 back to the ranked evidence when nothing verifies (SPEC §4: never an unsupported answer
 shown as supported). Each verified citation is also judged on whether it *supports* an
-answer (pipelines/answer/support.py); an answer none of whose citations supports it is withheld
-as "Not found", its draft kept for audit (`raw_answer`, `draft_citations`).
+answer (pipelines/answer/support.py: the rules, and the model's own yes/no verdict when a
+`Confirm` is given); an answer none of whose citations supports it is withheld as "Not found",
+and free text that states what no supporting quote says is replaced by those quotes. A
+withheld answer's draft is always kept (`raw_answer`, `draft_citations`, `Answer.draft`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from ..document import Document, Passage
 from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
 from .retrieval import evidence_passages
-from .support import (_AFFIXES, Need, answer_figure_quoted, for_documents, header_years, need_of,  # noqa: F401
-                      subject_words, why_not)
+from .support import (_AFFIXES, CONFIRM_MARGIN, Confirm, Need, answer_figure_quoted, confirm_messages,  # noqa: F401
+                      for_documents, header_years, need_of, subject_words, unbacked, why_not)
 from ..textnorm import normalize
 
 Generate = Callable[[list[dict[str, str]]], str]
@@ -53,6 +55,23 @@ class Answer(BaseModel):
     context_tokens: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
 
+    @property
+    def draft(self) -> str | None:
+        return draft_of(self.status, self.raw_answer, self.draft_citations)
+
+
+def draft_of(status: str, raw_answer: str | None, draft_citations: list[Citation]) -> str | None:
+    """What the model wrote when it is not what is shown — an answer withheld, or free text
+    replaced by its supporting quotes — kept for `--show-draft`, `--json` and reports. None when
+    the model abstained or its answer is shown as written."""
+    if not raw_answer or not raw_answer.strip():
+        return None
+    if draft_citations or status == "unsupported":
+        return raw_answer
+    if status == "not_found" and NOT_FOUND not in normalize(raw_answer):
+        return raw_answer
+    return None
+
 
 def evidence_citations(docs: Mapping[str, Document], passages: list[Passage], k: int) -> list[Citation]:
     """Evidence a reader checks: the best-ranked passage of each of the first `k` distinct
@@ -72,6 +91,7 @@ _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 # the clause it relies on into a sentence of its own words: a run of this many words copied
 # verbatim from an excerpt the model read is cited as a quote from it.
 MIN_COPIED_WORDS = 6
+_EDGE_PUNCT = '"“”.,;:!?()'
 
 
 def _copied_span(sentence: str, passage_text: str) -> str | None:
@@ -82,8 +102,10 @@ def _copied_span(sentence: str, passage_text: str) -> str | None:
     words = sentence.split()
     if len(words) < MIN_COPIED_WORDS:
         return None
-    key = [normalize(w) for w in words]
-    other = [normalize(w) for w in passage_text.split()]
+    # Words compared without the punctuation around them: "Ohio." ends the answer's sentence
+    # where the clause goes on ("Ohio, without …").
+    key = [normalize(w).strip(_EDGE_PUNCT) for w in words]
+    other = [normalize(w).strip(_EDGE_PUNCT) for w in passage_text.split()]
     m = SequenceMatcher(None, key, other, autojunk=False).find_longest_match(0, len(key), 0, len(other))
     if m.size < MIN_COPIED_WORDS:
         return None
@@ -130,6 +152,7 @@ def answer_question(
     quote_from: int | None = None,
     read_k: int | None = None,
     support_check: bool = False,
+    confirm: Confirm | None = None,
 ) -> Answer:
     """Answer `question` from the ranked `passages` of `docs`; `generate=None` gives evidence only.
 
@@ -137,7 +160,8 @@ def answer_question(
     `quote_from` best-ranked passages of its context (None: any of them). `read_k`: the
     context is built from the first `read_k` passages only (None: all); evidence draws on all,
     so it can show `evidence_k` distinct pages. `support_check`: an answer none of whose
-    verified quotes supports it (`check_answer`) is withheld as not found."""
+    verified quotes supports it (`check_answer`) is withheld as not found. `confirm`: the
+    model's yes/no verdict on each verified quote (see `check_answer`)."""
     t0 = time.perf_counter()
     evidence = evidence_citations(docs, passages, evidence_k)
     if generate is None:
@@ -151,26 +175,30 @@ def answer_question(
     quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
     raw = generate(messages, plan_for(quotable, with_doc=len(docs) > 1)) if quote else generate(messages)
     t2 = time.perf_counter()
-    answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check)
+    answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check, confirm=confirm)
+    t3 = time.perf_counter()
     answer.context_tokens = ctx.tokens
-    answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1)
+    answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1, verify_s=t3 - t2)
     return answer
 
 
 def check_answer(
     question: str, raw: str, docs: Mapping[str, Document], read: list[Passage], evidence: list[Citation],
-    *, withhold: bool = True, need: Need | None = None,
+    *, withhold: bool = True, need: Need | None = None, confirm: Confirm | None = None,
 ) -> Answer:
     """Verify a model's answer: rewrite verified citations to their labels, mark the rest,
     add mechanical citations for sentences copied from the passages the model `read`, and
     judge whether each verified citation supports an answer to the question (`need`: what the
-    question needs, default `need_of(question)` for these documents).
+    question needs, default `need_of(question)` for these documents; `confirm`: the model's
+    yes/no verdict, which must reach CONFIRM_MARGIN too).
 
     With `withhold`, an answer with verified citations none of which supports it — or, to a
     numeric question, one that states no figure a supporting quote holds — is "not found":
-    the words are on the page, but nothing shows they answer the question. Its citations move
-    to `draft_citations`, its text stays in `raw_answer`."""
-    default_doc = next(iter(docs)) if len(docs) == 1 else None
+    the words are on the page, but nothing shows they answer the question; and an answer whose
+    own words state what no supporting quote says is shown as those quotes. Either way the
+    citations it wrote move to `draft_citations` and its text stays in `raw_answer`."""
+    multi = len(docs) > 1
+    default_doc = next(iter(docs)) if not multi else None
     need = need if need is not None else for_documents(need_of(question), docs.values())
     shown, citations = [], []
     pos = 0
@@ -179,7 +207,7 @@ def check_answer(
         if c.verified:
             c = c.model_copy(update={"segment_id": segment_of(docs[c.doc_id], c.span.char_start)})
             citations.append(c)
-            shown.append(raw[pos : span.start] + c.label(with_doc=len(docs) > 1))
+            shown.append(raw[pos : span.start] + c.label(with_doc=multi))
         else:
             citations.append(c)
             shown.append(raw[pos : span.start] + "[unverified citation removed]")
@@ -188,31 +216,44 @@ def check_answer(
     text = "".join(shown).strip()
     if not any(c.verified for c in citations):
         citations += _mechanical_citations(raw, docs, read)
-    citations = [judge(c, docs[c.doc_id], need) if c.verified else c for c in citations]
+    citations = [judge(c, docs[c.doc_id], need, question, confirm) if c.verified else c for c in citations]
     verified = [c for c in citations if c.verified]
-    supporting = [c.quote for c in citations if c.supports]
+    supporting = [c for c in citations if c.supports]
     common = dict(question=question, raw_answer=raw, citations=citations, evidence=evidence)
-    answers_figure = not need.numeric or answer_figure_quoted(text, supporting)
+    answers_figure = not need.numeric or answer_figure_quoted(text, [c.quote for c in supporting])
     if withhold and verified and not (supporting and answers_figure):
         # Withheld, not hidden: the draft stays in raw_answer and draft_citations.
         common.update(citations=[], draft_citations=citations)
         return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
+    if withhold and supporting and unbacked(text, [c.quote for c in supporting], question):
+        # The quotes verify and answer, but the prose around them says more than they do.
+        quotes = "\n".join(f'"{c.quote}" {c.label(with_doc=multi)}' for c in supporting)
+        common.update(citations=supporting, draft_citations=citations)
+        return Answer(status="answered", answer=quotes, **common)
     if verified:
         return Answer(status="answered", answer=text, **common)
     if NOT_FOUND in normalize(raw):
         return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
+    common.update(citations=[], draft_citations=citations)
     return Answer(status="unsupported", answer=None, **common)
 
 
-def judge(c: Citation, doc: Document, need: Need) -> Citation:
-    """A verified citation with its `supports` verdict (and, when it does not, why)."""
+def judge(c: Citation, doc: Document, need: Need, question: str | None = None,
+          confirm: Confirm | None = None) -> Citation:
+    """A verified citation with its `supports` verdict (and, when it does not, why): the rules
+    of `need`, then, when `confirm` is given, the model's log-odds that the quote answers the
+    `question` (kept in `confirm_logodds`), which must reach CONFIRM_MARGIN."""
     page = doc.locate(c.span.char_start).page if c.span.char_start is not None else c.span.page
     lines = doc.lines_text(page, c.span.line_start, c.span.line_end) if page else c.quote
     if page and need.years:  # a table row's years head its columns, up to 40 lines above it
         above = doc.page(page).lines[max(0, c.span.line_start - 41):c.span.line_start - 1]
         lines = header_years([ln.text for ln in above]) + "\n" + lines
     why = why_not(c.quote, lines, need)
-    return c.model_copy(update={"supports": why is None, "note": f"does not support the answer: {why}" if why else c.note})
+    logodds = confirm(confirm_messages(question, c.quote)) if confirm is not None and question else None
+    if why is None and logodds is not None and logodds < CONFIRM_MARGIN:
+        why = f"the model does not judge that it answers the question (log-odds {logodds:+.1f})"
+    return c.model_copy(update={"supports": why is None, "confirm_logodds": logodds,
+                                "note": f"does not support the answer: {why}" if why else c.note})
 
 
 def on_subject(quote: str, subject: frozenset[str] | None) -> bool:
@@ -231,8 +272,9 @@ def segment_of(doc: Document, offset: int | None) -> int | None:
 
 
 def answer_read_all(question: str, raw: str, docs: dict[str, Document], ranked: list[Passage],
-                    passages: list[Passage], *, evidence_k: int, support_check: bool = True) -> Answer:
+                    passages: list[Passage], *, evidence_k: int, support_check: bool = True,
+                    confirm: Confirm | None = None) -> Answer:
     """The answer step of `--read-all`: the model read the whole document, so its raw answer is
     verified against all of the document's `passages`; the evidence is the `ranked` one."""
     evidence = evidence_citations(docs, ranked, evidence_k)
-    return check_answer(question, raw, docs, passages, evidence, withhold=support_check)
+    return check_answer(question, raw, docs, passages, evidence, withhold=support_check, confirm=confirm)

@@ -9,7 +9,10 @@ answer is decoded in the format the prompt asks for, one citation per line:
 or the abstain sentence `Not found in the document.` At every step the model's own scores
 rank the tokens, and the best-ranked token that keeps the constraint is taken:
 
-- at the start, the model chooses between opening a quote and abstaining;
+- at the start, the model chooses between answering and abstaining: its log-odds of any first
+  word but the abstain sentence's over that sentence's; an answer opens a quote with the best
+  of the tokens that can — the bare mark, or one that joins it to the quote's first word
+  ('"This'), which is how a BPE vocabulary trained on prose writes a quote;
 - inside a quote, the quote (normalised like the verifier does, but keeping case) must stay a
   substring, starting at a word, of the text of some passage in the model's context; it may
   close only past `min_quote_chars` and at the end of a word;
@@ -80,6 +83,14 @@ class TokenTable:
                 self.by_text.setdefault(t, []).append(i)
         self.max_len = max((len(t) for t in self.by_text), default=1)
         self.quote_id = self.by_text['"'][0]
+        # Tokens that open a quote and begin its words at once ('"This', '"g'): a vocabulary
+        # that merges the mark with the word after it (Qwen's, GPT-4's) seldom predicts the
+        # bare mark before a word, so offering only that would make every quote look unlikely.
+        self.openers = [(i, t[1:]) for t, ids in self.by_text.items()
+                        if len(t) > 1 and t[0] == '"' and t[1].isalnum() for i in ids]
+        # Every spelling of "yes" and of "no" as a reply's first word (the model's verdict, app/models.py).
+        self.yes_no: tuple[list[int], list[int]] = tuple(
+            [i for t, ids in self.by_text.items() if t.strip().lower() == w for i in ids] for w in ("yes", "no"))
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> TokenTable:
@@ -105,6 +116,24 @@ def _runs(text: str, min_chars: int) -> list[str]:
     """The stretches of `text` a quote can lie in: between the source's own double quotes
     (a quote cannot contain one and still be parsed), long enough to be worth quoting."""
     return [r.strip() for r in re.split(r'"', text) if len(r.strip()) >= min_chars]
+
+
+def _writable(q: str, t: str) -> bool:
+    """Whether token text `t` may be written after the quote so far `q` at all (before asking
+    whether a source holds the result)."""
+    if not t or "\ufffd" in t or "\n" in t or "\r" in t:
+        return False
+    # Normalisation folds runs of blanks into one: without this a quote could grow by
+    # blanks forever while still "matching".
+    if (not q or q[-1].isspace()) and t[0].isspace() or "  " in t or _ODD_SPACE.search(t):
+        return False
+    # Compatibility forms ("º" for "o") match after NFKC but are not what the source says.
+    if unicodedata.normalize("NFKC", t) != t:
+        return False
+    # Characters the normalisation deletes (soft hyphen, zero-width space): a token of only
+    # those keeps any quote "matching", so a model could write them until the quote's limit
+    # (Gemma 3's vocabulary has such tokens; measured in bench/results/ask.md).
+    return not (t.strip() and not norm_cased(t))
 
 
 @dataclass
@@ -174,9 +203,12 @@ class QuoteDecoder:
                 cands.update(dict.fromkeys(self.table.by_text.get(rest[:k], ())))
         if self._end_allowed and not self._partial:
             cands.update(dict.fromkeys(self.table.stop_ids))
-        ids = list(cands)
         if self.quote_margin is None and not self._partial and not self.cited:
             return self._first_choice(logits)
+        if self._partial and any(what == "quote" and s == self._partial + '"' for s, what in self._options):
+            # Only the mark is left to write ("\n" of another quote is out): the bare mark or a merged opener.
+            return self._open_quote(logits, self._openings())
+        ids = list(cands)
         if not ids:  # cannot happen while the options are prefix-consistent; end rather than guess
             self._done = True
             return self.table.stop_ids[0]
@@ -193,23 +225,43 @@ class QuoteDecoder:
         return best
 
     def _first_choice(self, logits) -> int:
-        """Quote or abstain: the model quotes only when it prefers the quote by more than
-        `abstain_margin` (log-odds), so a caller can ask for more confidence than a bare
-        preference before a quote is offered as the answer."""
+        """Answer or abstain: the model quotes only when its log-odds of answering at all —
+        any first word but the abstain sentence's — over abstaining exceed `abstain_margin`, so
+        a caller can ask for more confidence than a bare preference. An instruct model answers
+        in its own way ("The", "[PAGE", "Governing …") far more often than it opens with a
+        quote mark, so the mark's own weight would say nothing about whether it has an answer;
+        what it answers with is then a quote, opened by its best-scored opening token."""
         first = {what: self.table.encode(s)[0] for s, what in self._options}
-        if "quote" in first and "abstain" in first:
-            lp = logits.float().log_softmax(-1)
-            self.quote_margin = float(lp[first["quote"]] - lp[first["abstain"]])
+        openings = self._openings() if "quote" in first else []
+        lp = logits.float().log_softmax(-1)
+        if openings and "abstain" in first:
+            abstain = lp[first["abstain"]]
+            self.quote_margin = float((-abstain.exp()).log1p() - abstain)
             pick = "quote" if self.quote_margin > self.abstain_margin else "abstain"
         else:
-            self.quote_margin = float("inf") if "quote" in first else float("-inf")
-            pick = "quote" if "quote" in first else "abstain"
-        token = first[pick]
+            self.quote_margin = float("inf") if openings else float("-inf")
+            pick = "quote" if openings else "abstain"
+        if pick == "quote":
+            return self._open_quote(lp, openings)
+        token = first["abstain"]
         self._partial = self.table.texts[token]
-        for s, what in self._options:
-            if s == self._partial:
-                self._commit(what)
-                break
+        if self._partial == self.plan.abstain:
+            self._commit("abstain")
+        return token
+
+    def _openings(self) -> list[tuple[int, str]]:
+        """The tokens that open a quote here, with the quote's first characters each writes:
+        the bare mark, and each merged opener whose word starts a quotable stretch."""
+        out = [(self.table.quote_id, "")]
+        out += [(i, rest) for i, rest in self.table.openers if self._extends("", rest)]
+        return out
+
+    def _open_quote(self, lp, openings: list[tuple[int, str]]) -> int:
+        """Take the best-scored opening token and start the quote with what it spells."""
+        token, rest = max(openings, key=lambda o: float(lp[o[0]]))
+        self._commit("quote")
+        if rest:
+            self._quote, self._quote_tokens = rest, 1
         return token
 
     def _commit(self, what: str) -> None:
@@ -252,19 +304,7 @@ class QuoteDecoder:
         if token in self.table.stop_ids:  # the model wants to stop: close the quote instead
             return self._close("", self.table.quote_id) if self._closable(q) else None
         t = self.table.texts[token]
-        if not t or "\ufffd" in t or "\n" in t or "\r" in t:
-            return None
-        # Normalisation folds runs of blanks into one: without this a quote could grow by
-        # blanks forever while still "matching".
-        if (not q or q[-1].isspace()) and t[0].isspace() or "  " in t or _ODD_SPACE.search(t):
-            return None
-        # Compatibility forms ("º" for "o") match after NFKC but are not what the source says.
-        if unicodedata.normalize("NFKC", t) != t:
-            return None
-        # Characters the normalisation deletes (soft hyphen, zero-width space): a token of only
-        # those keeps any quote "matching", so a model could write them until the quote's limit
-        # (Gemma 3's vocabulary has such tokens; measured in bench/results/ask.md).
-        if t.strip() and not norm_cased(t):
+        if not _writable(q, t):
             return None
         cut = next((k for k, c in enumerate(t) if c in _QUOTE_CHARS), None)
         if cut is not None:  # a closing quote; the label comes next, so nothing may follow it
@@ -273,11 +313,16 @@ class QuoteDecoder:
             ok = cut == len(t) - 1 and t[cut] in '"\u201d' and not (q + head)[-1:].isspace() \
                 and self._closable(q + head)
             return self._close(head, token) if ok else None
-        if self._sources_with(q + t, at_word_end=False):
+        if self._extends(q, t):
             self._quote += t
             self._quote_tokens += 1
             return token
         return None
+
+    def _extends(self, q: str, t: str) -> bool:
+        """Whether the token text `t` (no quote mark in it) continues the quote `q` inside a source."""
+        return _writable(q, t) and not any(c in _QUOTE_CHARS for c in t) \
+            and bool(self._sources_with(q + t, at_word_end=False))
 
     def _room(self, n_generated: int, extra: int) -> bool:
         """Whether `extra` more tokens and a label still fit in the generation's limit."""

@@ -15,15 +15,22 @@ also judged here, mechanically, on what it says:
   count, a duration), and, where the question names years, one of those years must be on
   the cited lines or on the table header of years above them.
 
-An answer with no supporting citation is withheld ("Not found", with the evidence), and a
-free-text answer to a numeric question must state a figure that a supporting quote holds.
-Pure string work on the question, the quote and the cited lines.
+Those rules are necessary, not sufficient: a quote on the subject need not answer it (a clause
+that mentions governing law is not the governing-law clause). So a quote also needs the model's
+own verdict: asked, apart from the answer, whether the quoted text answers the question
+(`confirm_messages`), its log-odds of "Yes" over "No" must reach the model's threshold
+(`Confirm`, app/models.py; bench/answer_eval.py measures both on the corpus gold).
+
+An answer with no supporting citation is withheld ("Not found", with the evidence); a
+free-text answer to a numeric question must state a figure that a supporting quote holds; and
+free text that states what no supporting quote says (`unbacked`) is not shown as the answer:
+its supporting quotes are. Pure string work on the question, the quote and the cited lines.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..document import Document
@@ -133,3 +140,50 @@ def answer_figure_quoted(answer: str, quotes: Iterable[str]) -> bool:
     claims = {f.value for f in figures(re.sub(r'"[^"]*"|“[^”]*”', " ", text))}
     said = {f.value for f in figures(text)}
     return bool(said & held) and claims <= held
+
+
+# -- the model's verdict ------------------------------------------------------------------
+
+# Confirm(messages) -> the model's log-odds of "Yes" over "No" as its next word.
+Confirm = Callable[[list[dict[str, str]]], float]
+# A quote supports an answer only where the model's log-odds that it answers the question reach
+# this: the least that met the precision target on the tune questions with the evaluation model
+# (bench/results/answers.md, "rules + model yes/no"); a bare "yes" (0) let wrong quotes through.
+CONFIRM_MARGIN = 0.5
+
+CONFIRM_PROMPT = ("You check whether a passage quoted from a document answers a question. "
+                  "Reply with Yes or No only.")
+
+
+def confirm_messages(question: str, quote: str) -> list[dict[str, str]]:
+    """The yes/no question put to the model about one verified quote, apart from the answer's
+    context (what it read before may not sway it), in its chat template's own turns."""
+    return [{"role": "system", "content": CONFIRM_PROMPT},
+            {"role": "user", "content": f"Question: {question}\n\nQuoted passage: \"{quote}\"\n\n"
+                                        "Does the quoted passage answer the question? Reply Yes or No."}]
+
+
+# -- free text that says more than its quotes -----------------------------------------------
+
+# Words that frame an answer rather than state anything ("The exact words with their citation
+# are: …", "According to the excerpt on page 3, …").
+_FRAMING = frozenset(stem(w) for w in (
+    "answer", "answers", "quote", "quoted", "quotes", "exact", "words", "citation", "citations", "cited",
+    "text", "excerpt", "excerpts", "passage", "passages", "page", "line", "lines", "document", "state", "states",
+    "stated", "says", "according", "provided", "specified", "mentioned", "following", "found", "given", "question"))
+_CLAIM_SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
+
+
+def unbacked(answer: str, quotes: Iterable[str], question: str) -> list[str]:
+    """The sentences of `answer` that state something no quote in `quotes` says: a content word
+    (stemmed) that is in none of the quotes, the question or the words that frame an answer.
+    Text inside the answer's own quotation marks and citation labels is the quotes', not a claim."""
+    held = {stem(w) for q in quotes for w in content_words(q)} | {stem(w) for w in content_words(question)}
+    text = re.sub(r"\[[^\]]*\]", " ", answer)
+    text = re.sub(r'"[^"]*"|“[^”]*”', " ", text)
+    out = []
+    for m in _CLAIM_SENTENCE.finditer(text):
+        words = {stem(w) for w in content_words(m.group()) if not is_year_word(w)}
+        if words - held - _FRAMING:
+            out.append(m.group().strip())
+    return out

