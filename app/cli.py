@@ -469,9 +469,10 @@ def print_run(run, *, show_draft: bool = False) -> None:
             out.print("(the model's own words are not shown: they state more than these quotes say"
                       + ("; its draft is below)" if show_draft else "; --show-draft shows them)"))
     elif run.status == "not_found" and run.draft_citations:
-        # Withheld: the quotes verify, but none of them answers what was asked.
-        out.print("Not found in the document: no quote of the model's answer supports it (each is on its "
-                  "lines but does not answer the question); see the evidence below"
+        # Withheld: the quotes verify, but none was judged to answer what was asked. That is not
+        # "not in the document": the answer may well be in the evidence, so the user is sent there.
+        out.print("No confirmed answer: the model quoted the document, but no quote was judged to answer "
+                  "the question; read the evidence below"
                   + (" and the draft after it." if show_draft else " (--show-draft shows the draft)."))
     elif run.status == "not_found":
         out.print("Not found in the document (the model found no answer in the passages it read).")

@@ -173,7 +173,7 @@ def test_show_draft_prints_the_draft_and_why(tmp_path, capsys):
                    doc_ids=[DOC.doc_id], model="scripted")
     print_run(run)
     plain = capsys.readouterr().out
-    assert plain.startswith("Not found in the document") and "withheld draft" not in plain and "evidence:" in plain
+    assert plain.startswith("No confirmed answer") and "withheld draft" not in plain and "evidence:" in plain
     print_run(run, show_draft=True)
     shown = capsys.readouterr().out
     assert "withheld draft" in shown and "77,300 colleagues" in shown
