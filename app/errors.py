@@ -14,7 +14,11 @@ __all__ = ["DocqaError", "DocumentNotFound", "AmbiguousDocument", "PageOutOfRang
 
 class DocumentNotFound(DocqaError):
     def __init__(self, ref: str):
-        super().__init__(f"no ingested document matches '{ref}' (see `docqa docs`)")
+        # A reference that names a file path (a folder or an extension in it) is most likely a
+        # mistyped path: say that the file is missing too, not only that nothing was ingested.
+        looks_like_path = "/" in ref or "\\" in ref or "." in ref.rsplit("/", 1)[-1]
+        super().__init__(f"no ingested document matches '{ref}'"
+                         + (" and no such file exists" if looks_like_path else "") + " (see `docqa docs`)")
         self.ref = ref
 
 

@@ -41,7 +41,7 @@ def test_ask_and_chat_ingest_a_file_not_yet_ingested(tmp_path):
     docs = json.loads(invoke("docs", "--json", "--db", str(db)).stdout)
     assert [d["doc_id"] for d in docs] == [cited["doc_id"]]
     r = invoke("ask", str(tmp_path / "missing.txt"), "Which law governs?", "--evidence-only", "--db", str(db))
-    assert r.exit_code == 1 and "no ingested document matches" in r.stderr
+    assert r.exit_code == 1 and "no ingested document matches" in r.stderr and "no such file exists" in r.stderr
 
     other = tmp_path / "licence.txt"
     other.write_text(CONTRACT.replace("Delaware", "England"))
