@@ -16,6 +16,8 @@ transformers = pytest.importorskip("transformers", reason="the reference extra i
 
 from test_glm import VOCAB, make_tiny_glm, tiny_config, write_glm_tokenizer  # noqa: E402
 
+slow_on_cpu = (lambda test: test) if has_cuda() else pytest.mark.slow
+
 pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("few_moe_configs"),
               pytest.mark.skipif(not has_triton() or not (has_cuda() or interpreting()),
                                  reason="needs triton and either CUDA or TRITON_INTERPRET=1")]
@@ -229,6 +231,9 @@ def force_expanded(monkeypatch, expand: bool) -> None:
     monkeypatch.setattr(GlmCudaDecoder, "_expands", lambda self, *args: expand)
 
 
+# ~40 s under the interpreter: -m slow on the CPU (test_cuda_glm_matches_hf holds the decoder to
+# HF there and the small-budget test below the routing to its references), by default on a GPU
+@slow_on_cpu
 def test_cuda_glm_routed_with_the_whole_context_in_budget_matches_hf(tmp_path, monkeypatch):
     """With top_k above the number of blocks every candidate is read: sinks + blocks + window is
     the whole causal context, so chunked prefill (in either form of the attention: on the
