@@ -50,7 +50,7 @@ from docqa.app.config import AskSettings
 from docqa.app.errors import DocqaError
 from docqa.app.service import Runtime, ask
 from docqa.app.store import Store
-from docqa.bench import corpus_split, eval_model
+from docqa.bench import ask_eval, corpus_split, eval_model
 from docqa.engine.default_model import resolve_model_path
 from docqa.pipelines.answer.qa import check_answer, judge
 from docqa.pipelines.answer.query import content_words, stem
@@ -66,12 +66,7 @@ TARGET = 0.90  # precision of shown answers (SPEC §7)
 
 # Numeric questions no filing answers (checked by hand: none of these businesses reports such a
 # figure), so that "unanswerable answered" is measured on filings too; five per part.
-UNANSWERABLE_FILING_QUESTIONS = [
-    ("pdf/filing_AMERICANEXPRESS_2022_10K.pdf", "How many aircraft did American Express own at the end of 2022?"),
-    ("pdf/filing_PEPSICO_2022_10K.pdf", "What was PepsiCo's revenue from cloud computing services in FY2022?"),
-    ("pdf/filing_BESTBUY_2023_10K.pdf", "How much did Best Buy spend on satellite launches in fiscal 2023?"),
-    ("pdf/filing_CORNING_2022_10K.pdf", "How many retail coffee shops did Corning operate in 2022?"),
-    ("pdf/filing_BLOCK_2020_10K.pdf", "What was Block's revenue from oil and gas production in 2020?"),
+UNANSWERABLE_FILING_QUESTIONS = ask_eval.UNANSWERABLE_FILING_QUESTIONS + [  # the tune part's five, then held out
     ("pdf/filing_COCACOLA_2017_10K.pdf", "How many satellites did Coca-Cola launch in 2017?"),
     ("pdf/filing_COSTCO_2021_10K.pdf", "What was Costco's revenue from oil drilling in FY2021?"),
     ("pdf/filing_MICROSOFT_2016_10K.pdf", "How many restaurants did Microsoft operate at the end of FY2016?"),
