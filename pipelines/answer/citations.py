@@ -61,6 +61,7 @@ _CITE = re.compile(
     re.IGNORECASE,
 )
 _QUOTED = re.compile(r"[\"\u201c\u201e]([^\"\u201c\u201d\u201e]{3,}?)[\"\u201d]")
+_MARKS = "\"\u201c\u201d\u201e"
 
 
 class CitedSpan(BaseModel):
@@ -73,6 +74,10 @@ class CitedSpan(BaseModel):
     doc_id: str | None
     span: Span  # the page (or HTML element id) and lines it names
     quote: str
+    # Longer readings of the quote, longest first, that take quotation marks inside it as part
+    # of it (`"dated as of May 31, 2017 (the "Effective Date")"`): which marks pair up cannot be
+    # told from the answer alone, so `verify` tries each against the source before `quote`.
+    longer: list[str] = []
 
 
 def parse_citations(answer: str) -> list[CitedSpan]:
@@ -87,11 +92,11 @@ def parse_citations(answer: str) -> list[CitedSpan]:
         before = answer[prev_end : m.start()]
         quoted = _QUOTED.findall(before)
         if quoted:
-            quote = quoted[-1]
+            quote = _trim(quoted[-1])
         else:
             # The clause before the marker, back to the last sentence boundary.
             clause = re.split(r"(?<=[.!?;:\n])\s+|\n", before.rstrip())
-            quote = clause[-1] if clause else ""
+            quote = _trim(clause[-1] if clause else "")
         l1 = int(m["l1"])
         l2 = int(m["l2"]) if m["l2"] else l1
         spans.append(
@@ -101,11 +106,29 @@ def parse_citations(answer: str) -> list[CitedSpan]:
                 doc_id=m["doc"].lower() if m["doc"] else None,
                 span=Span(page=int(m["page"]) if m["page"] else None, element_id=m["section"],
                           line_start=min(l1, l2), line_end=max(l1, l2)),
-                quote=quote.strip().strip("-–—:,; "),
+                quote=quote,
+                longer=[q for q in _readings(before) if len(q) > len(quote)] if quoted else [],
             )
         )
         prev_end = m.end()
     return spans
+
+
+def _trim(quote: str) -> str:
+    return quote.strip().strip("-–—:,; ")
+
+
+def _readings(before: str) -> list[str]:
+    """Each reading of the last quoted phrase in `before` that pairs the marks inside it,
+    longest first: the phrase ends at the last closing mark and opens at a mark with an even
+    number of marks between them."""
+    at = [i for i, c in enumerate(before) if c in _MARKS]
+    ends = [k for k, i in enumerate(at) if before[i] in '"\u201d']
+    if not ends:
+        return []
+    end = ends[-1]
+    return [_trim(before[at[k] + 1 : at[end]]) for k in range(end % 2 ^ 1, end, 2)
+            if before[at[k]] != "\u201d" and len(_trim(before[at[k] + 1 : at[end]])) >= 3]
 
 
 def _page_for(doc: Document, span: Span) -> int | None:
@@ -165,7 +188,16 @@ def _shrink(text: str, target: str, lo: int, hi: int, f) -> tuple[int, int]:
 
 
 def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | None = None) -> Citation:
-    """Check a cited span against its document; return the Citation with its verdict."""
+    """Check a cited span against its document; return the Citation with its verdict. Of the
+    quote's readings (see `CitedSpan.longer`), the longest that verifies is the quote."""
+    for quote in span.longer:
+        c = _verify(span.model_copy(update={"quote": quote}), docs, default_doc)
+        if c.verified:
+            return c
+    return _verify(span, docs, default_doc)
+
+
+def _verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | None) -> Citation:
     doc_id = span.doc_id or default_doc
     # Accept an unambiguous prefix of a doc id, as the CLI does.
     if doc_id and doc_id not in docs:

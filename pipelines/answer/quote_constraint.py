@@ -15,7 +15,11 @@ rank the tokens, and the best-ranked token that keeps the constraint is taken:
   ('"This'), which is how a BPE vocabulary trained on prose writes a quote;
 - inside a quote, the quote (normalised like the verifier does, but keeping case) must stay a
   substring, starting at a word, of the text of some passage in the model's context; it may
-  close only past `min_quote_chars` and at the end of a word;
+  close only past `min_quote_chars` and at the end of a word. A quotation mark the source has
+  at that point is part of the quote (contracts define their terms in quotes: `dated as of
+  May 31, 2017 (the "Effective Date")`); a mark the source does not continue with closes it,
+  and only once the marks inside are paired, so that `citations.parse_citations` reads the
+  quote back whole;
 - after a quote, the label must stay a prefix of the label of a passage that contains the
   quote; after a label, the model chooses between another quote and the end.
 
@@ -112,10 +116,8 @@ def _occurs(needle: str, hay: str, *, at_word_end: bool, room: int = 0) -> bool:
     return False
 
 
-def _runs(text: str, min_chars: int) -> list[str]:
-    """The stretches of `text` a quote can lie in: between the source's own double quotes
-    (a quote cannot contain one and still be parsed), long enough to be worth quoting."""
-    return [r.strip() for r in re.split(r'"', text) if len(r.strip()) >= min_chars]
+def _marks(text: str) -> int:
+    return sum(c in _QUOTE_CHARS for c in text)
 
 
 def _writable(q: str, t: str) -> bool:
@@ -157,13 +159,13 @@ class QuoteDecoder:
     _quote: str = ""
     _quote_tokens: int = 0
     _done: bool = False
-    _runs: list[tuple[int, str]] = field(default_factory=list)  # (source index, quotable stretch)
+    _texts: list[tuple[int, str]] = field(default_factory=list)  # (source index, its text as a quote matches it)
     _open: set[int] = field(default_factory=set)  # sources not cited yet: one citation each
     _label_room: int = 0  # tokens the longest label takes, closing quote included
 
     def __post_init__(self):
-        self._runs = [(i, r) for i, s in enumerate(self.plan.sources)
-                      for r in _runs(norm_cased(s), self.plan.min_quote_chars)]
+        self._texts = [(i, t) for i, t in enumerate(map(norm_cased, self.plan.sources))
+                       if len(t) >= self.plan.min_quote_chars]
         self._open = set(range(len(self.plan.sources)))
         self._label_room = 2 + max((len(self.table.encode(" " + lab)) for lab in self.plan.labels), default=0)
         if self.plan.labels:
@@ -285,10 +287,12 @@ class QuoteDecoder:
             return []
         # Room to reach the minimum length: a quote never walks into a stretch too short to close.
         room = self.plan.min_quote_chars
-        return sorted({i for i, r in self._runs if i in self._open and _occurs(nq, r, at_word_end=at_word_end, room=room)})
+        return sorted({i for i, r in self._texts if i in self._open and _occurs(nq, r, at_word_end=at_word_end, room=room)})
 
     def _closable(self, q: str) -> bool:
-        return len(norm_cased(q)) >= self.plan.min_quote_chars and bool(self._sources_with(q, at_word_end=True))
+        # The marks inside must pair up: an odd one would be read back as the quote's end.
+        return len(norm_cased(q)) >= self.plan.min_quote_chars and _marks(q) % 2 == 0 \
+            and bool(self._sources_with(q, at_word_end=True))
 
     def _close(self, head: str, token: int) -> int:
         self._quote = (self._quote + head).strip()
@@ -298,7 +302,7 @@ class QuoteDecoder:
         self._end_allowed = False
         return token
 
-    def _try(self, token: int) -> int | None:
+    def _try(self, token: int, n_generated: int) -> int | None:
         """`token` if it keeps the quote inside a source (or closes it properly), else None."""
         q = self._quote
         if token in self.table.stop_ids:  # the model wants to stop: close the quote instead
@@ -306,23 +310,28 @@ class QuoteDecoder:
         t = self.table.texts[token]
         if not _writable(q, t):
             return None
-        cut = next((k for k, c in enumerate(t) if c in _QUOTE_CHARS), None)
-        if cut is not None:  # a closing quote; the label comes next, so nothing may follow it
-            head = t[:cut]
-            # only a closing mark closes (an opening curly one would stay in the parsed quote)
-            ok = cut == len(t) - 1 and t[cut] in '"\u201d' and not (q + head)[-1:].isspace() \
-                and self._closable(q + head)
-            return self._close(head, token) if ok else None
-        if self._extends(q, t):
+        if self._extends(q, t, n_generated):  # quotation marks included, where the source has them
             self._quote += t
             self._quote_tokens += 1
             return token
+        cut = next((k for k, c in enumerate(t) if c in _QUOTE_CHARS), None)
+        if cut is not None:  # a mark the source does not continue with: the closing quote
+            head = t[:cut]
+            # The label comes next, so nothing may follow the mark; only a closing mark closes
+            # (an opening curly one would stay in the parsed quote).
+            ok = cut == len(t) - 1 and t[cut] in '"\u201d' and not (q + head)[-1:].isspace() \
+                and self._closable(q + head)
+            return self._close(head, token) if ok else None
         return None
 
-    def _extends(self, q: str, t: str) -> bool:
-        """Whether the token text `t` (no quote mark in it) continues the quote `q` inside a source."""
-        return _writable(q, t) and not any(c in _QUOTE_CHARS for c in t) \
-            and bool(self._sources_with(q + t, at_word_end=False))
+    def _extends(self, q: str, t: str, n_generated: int | None = None) -> bool:
+        """Whether the token text `t` continues the quote `q` inside a source. A token that
+        opens a quotation inside the quote needs room to close it before the label is due."""
+        if not _writable(q, t):
+            return False
+        if _marks(q + t) % 2 and _marks(t) and n_generated is not None and not self._room(n_generated, 16):
+            return False
+        return bool(self._sources_with(q + t, at_word_end=False))
 
     def _room(self, n_generated: int, extra: int) -> bool:
         """Whether `extra` more tokens and a label still fit in the generation's limit."""
@@ -336,14 +345,14 @@ class QuoteDecoder:
             return self._close("", self.table.quote_id)
         order = logits.topk(min(self.top_n, logits.shape[-1])).indices.tolist()
         for token in order:
-            got = self._try(token)
+            got = self._try(token, n_generated)
             if got is not None:
                 return got
         if self._closable(self._quote):
             return self._close("", self.table.quote_id)
         # Rare: nothing the model ranks high fits; go down its ranking over the whole vocabulary.
         for token in logits.argsort(descending=True)[self.top_n:].tolist():
-            got = self._try(token)
+            got = self._try(token, n_generated)
             if got is not None:
                 return got
         # A dead end (a character no single token spells): close; a quote too short to prove
