@@ -64,7 +64,8 @@ class LoadedEngine:
         user = "\n\n".join(m["content"] for m in messages if m["role"] == "user")
         thinking = False if "enable_thinking" in template_of(engine.tokenizer) else None
         ids = engine.chat_prompt(user, system=system, thinking=thinking)
-        lp = engine.prefill(ids, engine.new_state(len(ids) + 1))[: len(self.token_table.texts)].log_softmax(-1)
+        # in fp32: a CUDA decoder's bf16 logits, normalised in bf16, put the log-odds on a 0.125 grid
+        lp = engine.prefill(ids, engine.new_state(len(ids) + 1))[: len(self.token_table.texts)].float().log_softmax(-1)
         yes, no = self.token_table.yes_no
         return float(lp[yes].logsumexp(-1) - lp[no].logsumexp(-1))
 

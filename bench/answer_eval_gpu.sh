@@ -25,8 +25,8 @@ GGUF=/tmp/eval/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 ls -l "$GGUF" | tee "$OUT/eval.log"
 ARGS=(--device cuda --corpus .gpu-corpus --db /tmp/answers.db --dir /tmp/answers --jobs 16)
 row() { local secs=$1; shift; timeout "$secs" python3 bench/answer_eval.py "$@" "${ARGS[@]}" 2>&1 | tail -20 >> "$OUT/eval.log"; }
-row "${1:-240}" --row eval-gpu --model eval --workers 8 --abstain-margin=-inf  # every question; quotes kept whatever the margin
-[ -f /tmp/default.gguf ] && row 120 --row default-gpu --workers 8 --abstain-margin=-inf  # every question
+row "${1:-300}" --row eval-gpu --model eval --workers 8 --abstain-margin=-inf  # every question; quotes kept whatever the margin
+[ -f /tmp/default.gguf ] && row 120 --row default-gpu --model /tmp/default.gguf --workers 8 --abstain-margin=-inf  # every question
 row 90 --row free-text-gpu --model eval --free-text --workers 8       # every question
 row 60 --row server-gpu --serve eval --per-contract 2,1 --filings held-out
 for r in eval-gpu default-gpu free-text-gpu server-gpu; do cat /tmp/answers/$r*.jsonl > "$OUT/$r.jsonl" 2>/dev/null; done
