@@ -7,9 +7,12 @@ parsed again, only its new path recorded. Anything else is parsed into its compl
 both in this process; an executor whose workers do not share the database runs
 `parse_source` on a worker and `add_record` here (see `review_cli`).
 
-`docqa ingest` also gives each passage its vector for dense retrieval (`PassageEncoder`, the
-bundled MiniLM); a document stored without them (by `docqa review`, a Ray worker, or before
-vectors existed) gets them on its first question (`service.Library.dense`).
+Every path that stores a new document gives each passage its vector for dense retrieval
+(`PassageEncoder`, the bundled MiniLM): `docqa ingest` and `docqa review` in this process, a
+Ray worker beside its parse, so that the driver, which alone retrieves, never spends its
+first question encoding (a minute for a 10-K on one core) while workers wait. A document
+stored without them (by `ask FILE`, before vectors existed, or where MiniLM is not installed)
+gets them on its first question (`service.Library.dense`).
 """
 
 from __future__ import annotations
@@ -134,9 +137,11 @@ def ingest_path(store: Store, path: Path, *, max_bytes: int | None = None, segme
 
 def parse_source(source: Source) -> dict:
     """On a worker that does not share the database: a loaded file parsed (OCR included) into
-    its record, or the one-line error; the driver writes it with `add_record`."""
+    its record with its passage vectors, or the one-line error; the driver writes it with
+    `add_record`. The encoder is loaded per task: its load is a small part of encoding a
+    document, and a worker keeps no state between tasks."""
     try:
-        return {"record": build_record(source)}
+        return {"record": build_record(source, encoder=passage_encoder())}
     except IngestError as e:
         return {"error": str(e)}
 

@@ -37,11 +37,12 @@ def _documents(store: Store, paths: list[Path], executor=None, on_file=None) -> 
             docs.append((did, store.info(did).path))
     if executor is not None and not executor.shares_database:
         return list(dict.fromkeys(docs + _ingest_remote(store, files, executor, on_file)))
-    from .ingest import ingest_path
+    from .ingest import ingest_path, passage_encoder
 
+    encoder = passage_encoder()  # MiniLM is loaded on the first new document only
     for f in files:
         try:
-            r = ingest_path(store, f)
+            r = ingest_path(store, f, encoder=encoder)
         except IngestError as e:
             error_line(str(e))
             continue

@@ -155,3 +155,25 @@ def test_passages_in_a_script_the_encoder_cannot_read_are_left_to_lexical_search
     assert not vectors.matrix[chinese].any() and vectors.matrix[english].any()
     sims = _dense("liability for breach of contract", Dense({"cc": vectors.matrix}, HashEncoder()), ["cc"])
     assert {i for _, i in sims} == set(english)
+
+
+def test_review_and_ray_workers_store_documents_with_vectors(tmp_path):
+    """`docqa review` ingests new files with their vectors, and a Ray worker's parse
+    (`parse_source`) carries them to the driver: the driver, which alone retrieves, does not
+    make them on its first question."""
+    from docqa.app.ingest import add_record, open_source, parse_source
+    from docqa.app.review_cli import _documents
+    from docqa.engine.models.bert_numpy import load_question_encoder
+
+    name = vectors_name(load_question_encoder())
+    with Store(tmp_path / "local.db") as store:
+        ((doc_id, _),) = _documents(store, [FIXTURE])
+        vectors = store.passage_vectors(doc_id)
+        assert vectors is not None and vectors.name == name
+        assert len(vectors.matrix) == len(store.passages(doc_id))
+    source = open_source(FIXTURE)
+    out = parse_source(source)
+    assert out["record"].vectors is not None and out["record"].vectors.name == name
+    with Store(tmp_path / "driver.db") as store:
+        add_record(store, source, out["record"])
+        assert np.array_equal(store.passage_vectors(doc_id).matrix, vectors.matrix)
