@@ -179,10 +179,27 @@ def product_review(engine, ckpt: Path, answer_tokens: int, profile: bool = False
            "generated_tokens": {"one_at_a_time": tokens(a), "batched": tokens(b)},
            "prompt_tokens_mean": statistics.mean(r.timings.get("prompt_tokens", 0) for r in a.values()),
            "same_answers": same}
+    if kernels is not None:
+        out["kernels"] = kernels
     if times is not None:
         out["steps"] = times.summary()
     say(f"   product review: {out}")
     return out
+
+
+def kernel_table(fn, rows: int = 25) -> list[dict]:
+    """fn() run again under torch.profiler (its own prompts: no prefix-cache hits), outside the
+    timed run (the profiler slows it): the operations and kernels with the most device time,
+    printed and returned."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:rows]
+    say(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows))
+    return [{"name": e.key[:120], "calls": e.count, "self_device_ms": e.self_device_time_total / 1e3,
+             "host_ms": e.cpu_time_total / 1e3} for e in events]
 
 
 def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int, profile: bool = False) -> dict:
@@ -239,6 +256,7 @@ def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int, profile:
         conc_s = time.perf_counter() - t0
         times = getattr(session, "times", None)
         session.times = None
+        kernels = kernel_table(lambda: together(3 * clients + 1)) if profile and torch.cuda.is_available() else None
     finally:
         srv.shutdown()
         srv.server_close()
@@ -257,6 +275,8 @@ def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int, profile:
            "decode_tok_s_sequential": sum(r["tokens"] for r in seq) / seq_s, "speedup": seq_s / conc_s,
            "latency_s": {"p50": lat[len(lat) // 2], "max": lat[-1]},
            "first_token_s": {"p50": firsts[len(firsts) // 2], "max": firsts[-1]}}
+    if kernels is not None:
+        out["kernels"] = kernels
     if times is not None:
         out["steps"] = times.summary()
         # the engine worker's time outside its steps (queues, adding requests, waiting for work)

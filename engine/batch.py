@@ -297,8 +297,10 @@ class BatchThread:
         self._thread.join()
 
     def _run(self) -> None:
-        session, active = self.session, {}
+        session, active, closing = self.session, {}, False
         while True:
+            if closing and not session.has_work:
+                return
             calls = [] if session.has_work else [self._new.get()]
             while True:
                 try:
@@ -306,8 +308,9 @@ class BatchThread:
                 except queue.Empty:
                     break
             for call in calls:
-                if call is None:
-                    return
+                if call is None:  # after the requests it has (a caller still waiting gets its answer)
+                    closing = True
+                    continue
                 try:
                     call.request = session.add(call.ids, call.max_new_tokens, **call.options)
                 except Exception as e:  # noqa: BLE001 - this request is refused (too long for the pool)

@@ -35,11 +35,15 @@ CONTRACT = ("MASTER SERVICES AGREEMENT\n\n1. Term. This Agreement continues for 
 
 @pytest.fixture
 def triton_loads(monkeypatch):
-    """Engines load with the Triton decoder on any device (the product picks it on CUDA only)."""
+    """Engines load with the Triton decoder on any device (the product picks it on CUDA only), in
+    fp32: greedy tokens batched and alone are compared exactly (bf16 has near-ties)."""
+    import torch
+
     from docqa.engine.generate import Engine
 
     load = Engine.load.__func__
-    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: load(cls, *a, **(k | {"kernels": "triton"}))))
+    fixed = {"kernels": "triton", "dtype": torch.float32}
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: load(cls, *a, **(k | fixed))))
 
 
 @triton_runs
