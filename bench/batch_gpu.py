@@ -179,8 +179,6 @@ def product_review(engine, ckpt: Path, answer_tokens: int, profile: bool = False
            "generated_tokens": {"one_at_a_time": tokens(a), "batched": tokens(b)},
            "prompt_tokens_mean": statistics.mean(r.timings.get("prompt_tokens", 0) for r in a.values()),
            "same_answers": same}
-    if kernels is not None:
-        out["kernels"] = kernels
     if times is not None:
         out["steps"] = times.summary()
     say(f"   product review: {out}")
