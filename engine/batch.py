@@ -152,9 +152,11 @@ class BatchSession(_Session):
         sampling = [w.seq for w in work if w.samples]
         greedy = logits.argmax(-1).tolist() if any(s.pick is None for s in sampling) else None
         t3 = time.perf_counter()
+        chosen = [j for j, seq in enumerate(sampling) if seq.pick is not None]
+        rows = iter(logits[chosen].cpu()) if chosen else None  # one copy for every chooser's row
         tokens = {}
         for j, seq in enumerate(sampling):
-            tokens[seq.seq_id] = greedy[j] if seq.pick is None else seq.pick(logits[j].cpu(), seq.output)
+            tokens[seq.seq_id] = greedy[j] if seq.pick is None else seq.pick(next(rows), seq.output)
         t4 = time.perf_counter()
         for seq in sampling:
             req = self._requests[seq.seq_id]
