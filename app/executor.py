@@ -16,6 +16,9 @@ import the package, so `SerialExecutor` (in process) is the default; with a mode
 the engine is already multi-threaded and one process holds the weights once, so it stays
 serial too. `ProcessExecutor` is there for large evidence-only jobs (`--workers N`), and
 `RayExecutor` for many documents with a model on a cluster (one model per worker).
+`ThreadExecutor` runs a job's model work on threads of this process when the engine batches
+(a CUDA decoder: `LoadedEngine.batched`): each thread answers one item as it would alone, and
+the engine decodes all their requests together.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from typing import Protocol, TypeVar
 
 from .errors import DocqaError
@@ -61,22 +64,43 @@ class ProcessExecutor:
         self.workers = max(1, workers or (os.cpu_count() or 1))
 
     def map(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[tuple[T, R]]:
-        ctx = multiprocessing.get_context("spawn")
-        pending: dict = {}
-        todo = iter(tasks)
-        with ProcessPoolExecutor(self.workers, mp_context=ctx) as pool:
-            for task in todo:
-                pending[pool.submit(fn, task)] = task
-                if len(pending) >= self.workers * 2:
-                    break
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    task = pending.pop(fut)
-                    nxt = next(todo, None)
-                    if nxt is not None:
-                        pending[pool.submit(fn, nxt)] = nxt
-                    yield task, fut.result()
+        with ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield from _windowed(pool, fn, tasks, self.workers * 2)
+
+
+class ThreadExecutor:
+    """Runs tasks on threads of this process, at most `threads` at once. Its tasks do not
+    share the database (`app.review`'s and `app.summarize`'s driver path): retrieval and
+    storing stay on the calling thread, one SQLite connection, and the threads do the model's
+    work, which the engine batches across them."""
+
+    shares_database = False
+
+    def __init__(self, threads: int):
+        self.threads = max(1, threads)
+
+    def map(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[tuple[T, R]]:
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="docqa-item") as pool:
+            yield from _windowed(pool, fn, tasks, self.threads)
+
+
+def _windowed(pool, fn: Callable[[T], R], tasks: Iterable[T], window: int) -> Iterator[tuple[T, R]]:
+    """(task, fn(task)) from `pool` as each finishes, with at most `window` tasks submitted and
+    not yet yielded (tasks are drawn from the iterable only as room frees)."""
+    pending: dict = {}
+    todo = iter(tasks)
+    for task in todo:
+        pending[pool.submit(fn, task)] = task
+        if len(pending) >= window:
+            break
+    while pending:
+        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+        for fut in done:
+            task = pending.pop(fut)
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending[pool.submit(fn, nxt)] = nxt
+            yield task, fut.result()
 
 
 def local_executor(workers: int = 1) -> Executor:

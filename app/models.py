@@ -11,8 +11,11 @@ typed `Generation`, kept on the `EngineGenerate` that made it (`last`).
 from __future__ import annotations
 
 import importlib.util
+import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +29,7 @@ from .errors import DocqaError
 from .remote import RemoteModel, is_remote
 
 if TYPE_CHECKING:  # the engine (torch) is imported where it is loaded, not here
+    from ..engine.batch import BatchThread
     from ..engine.generate import Engine, GenerationResult
     from .config import AskSettings
 
@@ -41,11 +45,33 @@ Progress = Callable[[str, int, int], None]
 class LoadedEngine:
     """An engine with what answering keeps beside it: its vocabulary as text (for quote-
     constrained decoding and the yes/no verdict, built on first use); its prefix cache is the
-    engine's own."""
+    engine's own. Whoever runs the engine holds `lock`, so answers may be computed on several
+    threads (`batched`)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self._token_table: TokenTable | None = None
+        self.lock = threading.RLock()
+        self.batch: BatchThread | None = None  # while `batched` is open on a decoder that batches
+
+    @contextmanager
+    def batched(self) -> Iterator[BatchThread | None]:
+        """While open, generations from any thread join one batch (engine/batch.py `BatchThread`):
+        items answered on many threads are decoded together. Yields the batch thread, or None
+        where the engine has no batched forward (the PyTorch model on the CPU, GLM's decoder),
+        which keeps answering one request at a time."""
+        from ..engine.batch import BatchSession, BatchThread
+
+        session = self.engine.batch_session()
+        if self.batch is not None or not isinstance(session, BatchSession):
+            yield self.batch
+            return
+        self.batch = BatchThread(session, self.lock)
+        try:
+            yield self.batch
+        finally:
+            batch, self.batch = self.batch, None
+            batch.close()
 
     @property
     def token_table(self) -> TokenTable:
@@ -64,8 +90,10 @@ class LoadedEngine:
         user = "\n\n".join(m["content"] for m in messages if m["role"] == "user")
         thinking = False if "enable_thinking" in template_of(engine.tokenizer) else None
         ids = engine.chat_prompt(user, system=system, thinking=thinking)
+        with self.lock:
+            logits = engine.prefill(ids, engine.new_state(len(ids) + 1))
         # in fp32: a CUDA decoder's bf16 logits, normalised in bf16, put the log-odds on a 0.125 grid
-        lp = engine.prefill(ids, engine.new_state(len(ids) + 1))[: len(self.token_table.texts)].float().log_softmax(-1)
+        lp = logits[: len(self.token_table.texts)].float().log_softmax(-1)
         yes, no = self.token_table.yes_no
         return float(lp[yes].logsumexp(-1) - lp[no].logsumexp(-1))
 
@@ -112,14 +140,16 @@ class EngineGenerate:
             choose = ThinkFirst(decoder or (lambda logits, _out: int(logits.argmax())), engine.tokenizer, ids,
                                 budget=THINK_TOKENS)
         thinking = ThinkingTracker(engine.tokenizer, ids)
-        result = engine.generate(
-            ids,
-            max_new_tokens=limit,
-            temperature=settings.temperature,
-            on_token=(lambda tok, delta: None if thinking(tok) else on_token(delta)) if on_token else None,
-            choose=choose,
-            on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None,
-        )
+        stream = (lambda tok, delta: None if thinking(tok) else on_token(delta)) if on_token else None
+        batch = self.loaded.batch
+        if batch is not None and len(ids) <= batch.session.max_prompt_tokens:
+            result = batch.generate(ids, limit, temperature=settings.temperature, choose=choose, on_token=stream)
+        else:
+            with self.loaded.lock:
+                result = engine.generate(
+                    ids, max_new_tokens=limit, temperature=settings.temperature, on_token=stream, choose=choose,
+                    on_prefill=(lambda done, total: on_progress("prefilling", done, total)) if on_progress else None,
+                )
         if on_progress:
             on_progress("verifying", 0, 0)
         self.last = Generation(result, decoder.quote_margin if decoder is not None else None)
@@ -157,6 +187,20 @@ class Model:
     def last_generation(self) -> Generation | None:
         """The engine's last call, when this is the engine and it has generated."""
         return self.generate.last if isinstance(self.generate, EngineGenerate) else None
+
+    def generation_timings(self) -> dict[str, float]:
+        """What the run records of the engine's last call: its timings, the MTP drafts'
+        acceptance, the quote margin (kept for audit and for tuning the rule)."""
+        generation = self.last_generation()
+        if generation is None:
+            return {}
+        timings = generation.timings()
+        if generation.result.speculative:  # MTP drafts ran (a free-text answer of a checkpoint with an MTP layer)
+            timings["acceptance_length"] = generation.result.speculative["acceptance_length"]
+        margin = generation.quote_margin
+        if margin is not None and math.isfinite(margin):
+            timings["quote_margin"] = margin
+        return timings
 
 
 def check_before_work(model: str | None, *, evidence_only: bool, max_tokens: int,

@@ -23,6 +23,7 @@ Two ways to run an item, chosen by the executor (`Executor.shares_database`):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -41,7 +42,7 @@ from ..pipelines.answer.qa import Answer, answer_question
 from .service import EVIDENCE_POOL, AskSettings, Runtime, ask
 from .checklist import Checklist, ChecklistItem
 from .errors import DocqaError
-from .executor import Executor, SerialExecutor
+from .executor import Executor, SerialExecutor, ThreadExecutor
 from .jobs import Job, JobError, get_job
 from .runs import Run, get_run, save_run
 from .store import Store
@@ -238,14 +239,15 @@ def prepare_item(runtime: Runtime, task: dict, share: Callable = lambda v: v) ->
         return {"task": task, "error": str(e)}
 
 
-def answer_item(payload: dict) -> dict:
-    """On a worker: the answer to one prepared item (nothing is stored here)."""
+def answer_item(payload: dict, runtime: Runtime | None = None) -> dict:
+    """On a worker (`runtime`: this process's own, where the items run on its threads): the
+    answer to one prepared item (nothing is stored here)."""
     if "error" in payload:
         return {"error": payload["error"]}
     task, doc = payload["task"], payload["doc"]
     item = ChecklistItem.model_validate(task["item"])
     settings = AskSettings(**task["settings"])
-    runtime = _remote_worker()
+    runtime = runtime or _remote_worker()
     try:
         if item.compare is not None:
             answer, model_name, n = _compare(runtime, item, doc, payload["passages"], payload["runs"], settings)
@@ -265,10 +267,7 @@ def answer_item(payload: dict) -> dict:
             quote_from=settings.quote_from, read_k=settings.passages, support_check=settings.subject_check,
             confirm=model.confirm if model else None, **kwargs,
         )
-        timings = dict(answer.timings)
-        generation = model.last_generation() if model else None
-        if generation is not None:
-            timings.update(generation.timings())
+        timings = dict(answer.timings, **(model.generation_timings() if model else {}))
         timings["total_s"] = time.perf_counter() - t0
         answer = answer.model_copy(update={"timings": timings})
         return {"answer": answer, "model": model_name, "conflicts": 0, "kind": "review"}
@@ -290,9 +289,11 @@ def _store_answer(store: Store, task: dict, out: dict) -> dict:
     return {"status": run.status, "run_id": run.id, "conflicts": out["conflicts"]}
 
 
-def _remote_results(store: Store, executor: Executor, tasks: list[dict]):
-    """(task, result) for each task, run on workers that do not share the database."""
-    runtime = Runtime(store)
+def _remote_results(store: Store, executor: Executor, tasks: list[dict], runtime: Runtime | None = None):
+    """(task, result) for each task, run on workers that do not share the database (`runtime`:
+    this process's, whose threads answer the items; None: workers elsewhere, each its own)."""
+    answer = functools.partial(answer_item, runtime=runtime) if runtime is not None else answer_item
+    runtime = runtime or Runtime(store)
     share = getattr(executor, "share", lambda v: v)
     handles: dict[str, object] = {}
 
@@ -306,7 +307,7 @@ def _remote_results(store: Store, executor: Executor, tasks: list[dict]):
     # A generator: the executor pulls the next item only when a worker has room, so items
     # are prepared (retrieved) as they are needed, not all up front.
     payloads = (prepare_item(runtime, t, shared) for t in tasks)
-    for payload, out in executor.map(answer_item, payloads):
+    for payload, out in executor.map(answer, payloads):
         task = payload["task"]
         yield task, (out if "error" in out else _store_answer(store, task, out))
 
@@ -346,7 +347,6 @@ def run_review(
         raise JobError("a review job needs a database file (workers open it by path)")
     job_id = job_id or default_job_id(checklist, [d for d, _ in docs], settings)
     job = open_job(store, job_id, checklist, docs, settings)
-    executor = executor or SerialExecutor()
     done = _answered(store, job.id)
     total = len(job.documents) * len(checklist.items)
     summary = ReviewSummary(
@@ -357,6 +357,23 @@ def run_review(
     if on_start:
         on_start(total, len(done))
     base = {"db": str(store.path.resolve()), "job_id": job.id, "settings": asdict(settings)}
+    with _batching(base["db"], settings, executor, len(done) < total) as (executor, local):
+        _run_phases(store, checklist, job, base, done, executor, local, summary, on_done)
+    statuses = Counter(r[0] for r in store.db.execute(
+        "SELECT r.status FROM job_items j JOIN runs r ON r.id = j.run_id WHERE j.job_id = ?", [job.id]))
+    summary.statuses = dict(sorted(statuses.items()))
+    complete = len(_answered(store, job.id)) == total
+    with store.transaction() as db:
+        db.execute("UPDATE jobs SET status = ?, updated_at = ? WHERE id = ?",
+                   ["done" if complete else "incomplete", _now(), job.id])
+    summary.elapsed_s = round(time.perf_counter() - t0, 3)
+    return summary
+
+
+def _run_phases(store: Store, checklist: Checklist, job: Job, base: dict, done: set, executor: Executor,
+                local: Runtime | None, summary: ReviewSummary, on_done) -> None:
+    """The questions, then the `compare` items: each item not answered yet, on `executor`
+    (`local`: see `_batching`)."""
     for phase in (checklist.questions, checklist.comparisons):
         tasks = [
             base | {"doc_id": d, "item": item.model_dump(mode="json")}
@@ -372,7 +389,7 @@ def run_review(
             else:
                 ready.append(t)
         results = (executor.map(_safe_run_item, ready) if executor.shares_database
-                   else _remote_results(store, executor, ready))
+                   else _remote_results(store, executor, ready, local))
         for task, result in results:
             if "error" in result:
                 summary.failed.append({"doc_id": task["doc_id"], "item_id": task["item"]["id"],
@@ -382,15 +399,28 @@ def run_review(
                 summary.conflicts += result["conflicts"]
             if on_done:
                 on_done(task, result)
-    statuses = Counter(r[0] for r in store.db.execute(
-        "SELECT r.status FROM job_items j JOIN runs r ON r.id = j.run_id WHERE j.job_id = ?", [job.id]))
-    summary.statuses = dict(sorted(statuses.items()))
-    complete = len(_answered(store, job.id)) == total
-    with store.transaction() as db:
-        db.execute("UPDATE jobs SET status = ?, updated_at = ? WHERE id = ?",
-                   ["done" if complete else "incomplete", _now(), job.id])
-    summary.elapsed_s = round(time.perf_counter() - t0, 3)
-    return summary
+
+
+@contextlib.contextmanager
+def _batching(db: str, settings: AskSettings, executor: Executor | None, work: bool):
+    """(executor, runtime) for a job's items (`work`: some are not answered yet). With a model on
+    the serial executor (the default) and an engine that batches (a CUDA decoder,
+    `LoadedEngine.batched`), the items run on threads of this process, as many as the batch
+    holds: this thread retrieves and stores (`prepare_item`, `_store_answer`), the threads
+    answer (`answer_item`, the steps `ask` takes), and the engine decodes their requests
+    together — each item gets the tokens it would get alone. Otherwise (executor, None): items
+    one after another, or on the workers asked for."""
+    executor = executor or SerialExecutor()
+    if not work or not isinstance(executor, SerialExecutor) or settings.evidence_only:
+        yield executor, None
+        return
+    runtime = _worker(db)  # the runtime `run_item` uses: the engine is loaded once either way
+    engine = runtime.model(settings).engine
+    if engine is None:  # a model server
+        yield executor, None
+        return
+    with engine.batched() as batch:
+        yield (executor, None) if batch is None else (ThreadExecutor(batch.session.scheduler.max_seqs), runtime)
 
 
 def _safe_run_item(task: dict) -> dict:

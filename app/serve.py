@@ -52,6 +52,10 @@ MAX_CONTEXT_TOKENS = 1 << 20
 MAX_BODY_BYTES = 8 << 20
 MAX_WAITING = 128  # completions queued for the engine; also the listening socket's backlog
 CANCEL_CHECK_S = 0.25  # how often a running completion looks whether its client went away
+# How often a streamed answer sends what was generated since (one event, the text of all the new
+# tokens): the handler reads the request's tokens and turns them into text itself, so the engine's
+# worker does nothing per token for a stream, and 32 streams cost the worker no more than one.
+STREAM_EVERY_S = 0.05
 # Doc key of served prompts in the prefix cache: clients send prompts, not documents; the
 # hash chain over the tokens keeps every prompt's KV its own.
 SERVE_KEY = "docqa-serve"
@@ -84,20 +88,24 @@ class Completion:
 
 @dataclass(eq=False)
 class _Job:
-    """A completion on its way through the worker: the handler reads `out` — text deltas (when
-    streaming), then the Completion or the exception that ended it."""
+    """A completion on its way through the worker: the handler reads `out` — the Completion or the
+    exception that ended it — and, when streaming, the tokens generated so far (`generated`)."""
 
     ids: list[int]
     options: dict
-    stream: bool
     out: queue.Queue = field(default_factory=queue.Queue)
     request: object = None  # engine/batch.py Request, once the session has it
+    tokens: list[int] = field(default_factory=list)  # generated so far, where it runs alone
     cancelled: bool = False
 
     def cancel(self) -> None:
         self.cancelled = True
         if self.request is not None:
             self.request.cancel()
+
+    def generated(self) -> list[int]:
+        """The tokens generated so far (read from the handler's thread while the worker appends)."""
+        return list(self.request.seq.output) if self.request is not None else list(self.tokens)
 
 
 @dataclass
@@ -145,8 +153,7 @@ class ServedEngine:
                                    f"the served {self.max_context:,}-token context")
             if on_start is not None:
                 on_start()
-            job = _Job(ids, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed),
-                       stream=on_delta is not None)
+            job = _Job(ids, dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed))
             self._submit(job)
             try:
                 return self._await(job, on_delta, _Watch(gone))
@@ -158,19 +165,32 @@ class ServedEngine:
                 self._queued -= 1
 
     def _await(self, job: _Job, on_delta, watch) -> Completion:
+        from ..engine.tokenizer import TextStream
+
+        text = TextStream(self.engine.tokenizer) if on_delta is not None else None
+        sent = 0
+
+        def flush() -> None:  # the text of the tokens generated since the last flush, as one delta
+            nonlocal sent
+            new = job.generated()[sent:]
+            sent += len(new)
+            delta = "".join(text.push(t) for t in new)
+            if delta:
+                on_delta(delta)
+
         while True:
             try:
-                item = job.out.get(timeout=CANCEL_CHECK_S)
+                item = job.out.get(timeout=STREAM_EVERY_S if text is not None else CANCEL_CHECK_S)
             except queue.Empty:
+                if text is not None:
+                    flush()
                 watch()
                 continue
-            if isinstance(item, str):
-                on_delta(item)
-                watch()
-            elif isinstance(item, Completion):
+            if isinstance(item, Completion):
+                if text is not None:
+                    flush()
                 return item
-            else:
-                raise item
+            raise item
 
     def close(self) -> None:
         """Stop the worker once it has finished what it runs."""
@@ -208,9 +228,8 @@ class ServedEngine:
                     self._run_alone(job)
                     continue
                 o = job.options
-                on_token = (lambda _t, d, job=job: job.out.put(d) if d else None) if job.stream else None
                 job.request = session.add(job.ids, o["max_tokens"], temperature=o["temperature"], top_p=o["top_p"],
-                                          seed=o["seed"], on_token=on_token)
+                                          seed=o["seed"])
                 if job.cancelled:  # cancelled while it was being added
                     job.request.cancel()
                 active[job.request] = job
@@ -234,11 +253,11 @@ class ServedEngine:
         """A long prompt: through the prefix cache (its document's KV prefilled once), alone."""
         o = job.options
 
-        def on_token(_id, delta):
+        def on_token(token, _delta):
             if job.cancelled:
                 raise ClientGone()
-            if job.stream and delta:
-                job.out.put(delta)
+            if token is not None:
+                job.tokens.append(token)
 
         try:
             with self.lock:

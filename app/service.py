@@ -14,7 +14,6 @@ checkpoint path, `DOCQA_MODEL`, else the default model) or an OpenAI-compatible 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -202,14 +201,8 @@ def ask(
             **({"count_tokens": model.count_tokens} if model and model.count_tokens else {}),
         )
     timings = dict(answer.timings, retrieve_s=t1 - t0, load_model_s=t2 - t1)
-    generation = model.last_generation() if model else None
-    if generation is not None and not settings.read_all:
-        timings.update(generation.timings())
-        if generation.result.speculative:  # MTP drafts ran (a free-text answer of a checkpoint with an MTP layer)
-            timings["acceptance_length"] = generation.result.speculative["acceptance_length"]
-        margin = generation.quote_margin
-        if margin is not None and math.isfinite(margin):  # kept for audit and for tuning the rule
-            timings["quote_margin"] = margin
+    if model is not None and not settings.read_all:
+        timings.update(model.generation_timings())
     timings["total_s"] = time.perf_counter() - t0
     answer = answer.model_copy(update={"timings": timings})
     return save_run(

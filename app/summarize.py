@@ -30,6 +30,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -188,6 +189,23 @@ def _map_segments(store: Store, executor, tasks: list[dict], docs: dict, generat
         yield {"doc_id": p["doc_id"], "segment": p["segment"]}, _store_extraction(store, tasks[0]["key"], ext)
 
 
+@contextmanager
+def _batching(settings: SummarizeSettings, executor, generate, work: bool):
+    """The executor the map runs on: with the embedded engine on the serial executor and a
+    decoder that batches (CUDA, `LoadedEngine.batched`), segments are read on threads of this
+    process whose requests the engine decodes together (each segment's tokens as alone) while
+    this thread stores their extractions; otherwise `executor` as given."""
+    from .executor import SerialExecutor, ThreadExecutor
+    from .models import EngineGenerate
+
+    model = generate_for(settings) if work and generate is None and not settings.evidence_only else None
+    if not isinstance(model, EngineGenerate) or not isinstance(executor, SerialExecutor):
+        yield executor
+        return
+    with model.loaded.batched() as batch:
+        yield executor if batch is None else ThreadExecutor(batch.session.scheduler.max_seqs)
+
+
 def _extractions(store: Store, key: str, doc_ids: list[str]):
     from ..pipelines.answer.summarize import SegmentExtraction
 
@@ -247,10 +265,11 @@ def summarize(
     if on_progress:
         on_progress(n_done, len(todo), "stored")
     names = {d: Path(doc.path).name for d, doc in docs.items()}
-    for task, _ in _map_segments(store, executor, tasks, docs, generate):
-        n_done += 1
-        if on_progress:
-            on_progress(n_done, len(todo), f"{names[task['doc_id']]} segment {task['segment'] + 1}")
+    with _batching(settings, executor, generate, bool(missing)) as executor:
+        for task, _ in _map_segments(store, executor, tasks, docs, generate):
+            n_done += 1
+            if on_progress:
+                on_progress(n_done, len(todo), f"{names[task['doc_id']]} segment {task['segment'] + 1}")
     t1 = time.perf_counter()
     extractions = _extractions(store, key, list(docs))
     stmts = [st for d, i in todo for st in extractions[(d.doc_id, i)].statements]

@@ -9,14 +9,22 @@ tokenizer, as bench/gpu.py does) and loaded with `Engine.load(dir, device="cuda"
   a shared system prompt and 1K-2.2K tokens of passages each, `--answer-tokens` greedy tokens:
   `Engine.generate` item after item (today's review), then `Engine.generate_batch` of all of
   them: items/s, decode tokens/s, and how many items gave the same tokens;
+- `docqa review` as the product runs it (`run_review`, app/review.py) over three contracts and
+  the contract_review checklist: items one at a time against the default, which submits a
+  job's items together on the CUDA decoder (retrieval, context, free-text answers — see
+  `product_review` — verification, the model's verdict, storing);
 - `docqa serve` (its `Server` in this process) with `--clients` concurrent clients on
   ~4K-token prompts: aggregate decode tokens/s and per-client latency (first byte, whole
-  answer), against the same requests sent one after another;
+  answer), against the same requests sent one after another. Aggregate decode is reported two
+  ways: output tokens over the whole concurrent run (prefill of every prompt included) and
+  over the decode phase (from the last client's first token to the last answer's end);
 - single stream: the `ask` path (a 4K prompt on the dense state) and `docqa engine bench
   --context N` (engine/benchmark.py `context_benchmark`) at `--contexts`.
 
-Random weights never emit the stop token, so every answer runs to its limit. The review's
-quote-constrained decoding chooses tokens on the host and is not exercised here (greedy only).
+Random weights never emit the stop token, so every answer runs to its limit. `--profile` times
+the product review's and serve's batched steps by part (engine/batch.py `StepTimes`: host
+scheduling, forward launch, device wait, choosers, per-token bookkeeping); bench/serve_host.py
+measures the same serve path's host share on the CPU.
 
     python3 bench/batch_gpu.py --json OUT.json   (on the GPU machine, after bench/gpu_run.sh's set-up)
 """
@@ -104,8 +112,108 @@ def review(engine, items: int, answer_tokens: int) -> dict:
     return out
 
 
-def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int) -> dict:
+class OneAtATime:
+    """An executor (app/executor.py's protocol) that answers a job's items one after another in
+    this process and is not the serial executor, so the review does not batch them: the review
+    as it ran before its items were submitted together."""
+
+    shares_database = True
+
+    def map(self, fn, tasks):
+        for task in tasks:
+            yield task, fn(task)
+
+
+def warm_graphs(engine) -> None:
+    """The batch session's decode graph for every batch size a job can reach, outside the timing."""
+    from docqa.engine.gpu.paged import BUCKETS
+
+    for b in (b for b in BUCKETS if b <= engine.batch_session().scheduler.max_seqs):
+        engine.generate_batch([[7 + i, 11, 13] for i in range(b)], 2, stop_ids=())
+
+
+def product_review(engine, ckpt: Path, answer_tokens: int, profile: bool = False) -> dict:
+    """`docqa review` as the product runs it (app/review.py `run_review`) over three contracts and
+    the contract_review checklist: items one at a time (`OneAtATime`) against the default, which
+    submits them together on this CUDA decoder; items/s and how many stored answers agree."""
+    from docqa.app.checklist import load_checklist
+    from docqa.app.ingest import ingest_path
+    from docqa.app.jobs import job_runs
+    from docqa.app.models import LoadedEngine
+    from docqa.app.review import _worker, run_review
+    from docqa.app.service import AskSettings
+    from docqa.app.store import Store
+    from docqa.engine.batch import StepTimes
+    import docqa.fixtures as fx
+
+    work = Path(tempfile.mkdtemp(prefix="docqa-review-"))
+    text = (Path(fx.__file__).parent / "sample_contract.txt").read_text(encoding="utf-8")
+    # Free-text answers: on random weights the quote constraint's host chooser tries thousands of
+    # tokens a step before one extends a quote (a model quoting its source finds one in its first
+    # few), so quoted answers here would time that search, not the review; the batched answers'
+    # equality under the constraint is tests/test_review_batch.py's.
+    settings = AskSettings(model=str(ckpt), device=str(engine.device), max_tokens=answer_tokens, quote=False)
+    checklist = load_checklist("contract_review")
+    with Store(work / "docqa.db") as store:
+        docs = []
+        for k, party in enumerate(("Northwind Analytics Inc.", "Bluebird Systems LLC", "Crescent Data Corp.")):
+            path = work / f"contract{k}.txt"
+            path.write_text(f"Contract {k} with {party}\n\n" + text, encoding="utf-8")
+            docs.append((ingest_path(store, path)["doc_id"], str(path)))
+        # the engine loaded once, for the job runner's runtime (it would load the checkpoint again)
+        _worker(str(store.path.resolve()))._engines[(str(ckpt), str(engine.device))] = LoadedEngine(engine)
+        warm_graphs(engine)
+        # documents, passage vectors and the question encoder loaded before either timed job
+        run_review(store, checklist, docs, job_id="warm", settings=AskSettings(evidence_only=True))
+        t0 = time.perf_counter()
+        one = run_review(store, checklist, docs, job_id="one", settings=settings, executor=OneAtATime())
+        one_s = time.perf_counter() - t0
+        session = engine.batch_session()
+        session.times = StepTimes() if profile else None
+        t0 = time.perf_counter()
+        batched = run_review(store, checklist, docs, job_id="batched", settings=settings)
+        batch_s = time.perf_counter() - t0
+        times, session.times = session.times, None
+        a, b = job_runs(store, "one"), job_runs(store, "batched")
+    same = sum((r.status, r.answer, r.raw_answer) == (b[k].status, b[k].answer, b[k].raw_answer) for k, r in a.items())
+    tokens = lambda runs: sum(r.timings.get("generated_tokens", 0) for r in runs.values())
+    out = {"items": one.total, "documents": len(docs), "failed": len(one.failed) + len(batched.failed),
+           "one_at_a_time_s": one_s, "batched_s": batch_s, "items_per_s_one_at_a_time": one.answered_now / one_s,
+           "items_per_s_batched": batched.answered_now / batch_s, "speedup": one_s / batch_s,
+           "generated_tokens": {"one_at_a_time": tokens(a), "batched": tokens(b)},
+           "prompt_tokens_mean": statistics.mean(r.timings.get("prompt_tokens", 0) for r in a.values()),
+           "same_answers": same}
+    if times is not None:
+        out["steps"] = times.summary()
+    say(f"   product review: {out}")
+    return out
+
+
+def kernel_table(fn, rows: int = 25) -> list[dict]:
+    """fn() run again under torch.profiler (its own prompts: no prefix-cache hits), outside the
+    timed run (the profiler slows it): the operations and kernels with the most device time,
+    printed and returned."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        stats = prof.key_averages()
+        key = "self_device_time_total" if hasattr(stats[0], "self_device_time_total") else "self_cuda_time_total"
+        events = sorted(stats, key=lambda e: -getattr(e, key))[:rows]
+        say(stats.table(sort_by=key, row_limit=rows))
+        return [{"name": e.key[:120], "calls": e.count, "self_device_ms": getattr(e, key) / 1e3,
+                 "host_ms": e.cpu_time_total / 1e3} for e in events]
+    except Exception as e:  # noqa: BLE001 - the profile is extra: its failure leaves the timed figures
+        traceback.print_exc()
+        return [{"error": f"{type(e).__name__}: {e}"[:300]}]
+
+
+def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int, profile: bool = False) -> dict:
+    """`profile`: the concurrent phase's steps timed by part (engine/batch.py `StepTimes`)."""
     from docqa.app.serve import ServedEngine, Server
+    from docqa.engine.batch import StepTimes
     from docqa.engine.benchmark import BENCH_TEXT
 
     words = BENCH_TEXT.split()
@@ -123,10 +231,12 @@ def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int) -> dict:
         with urllib.request.urlopen(req, timeout=600) as r:
             for line in r:
                 if line.startswith(b"data: {") and first is None and b'"content": ""' not in line:
-                    first = time.perf_counter() - t0
+                    first = time.perf_counter()
                 if b'"usage"' in line:
                     usage = json.loads(line[6:])["usage"]
-        return {"first_s": first, "total_s": time.perf_counter() - t0, "tokens": usage["completion_tokens"]}
+        end = time.perf_counter()
+        return {"first_s": first - t0, "total_s": end - t0, "tokens": usage["completion_tokens"], "first_at": first,
+                "end_at": end}
 
     def together(first: int, answer_tokens: int = answer_tokens) -> dict[int, dict]:
         got: dict[int, dict] = {}
@@ -140,15 +250,21 @@ def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int) -> dict:
 
     # Each phase sends its own prompts ("Request i." first), so none finds another's blocks in
     # the prefix cache; the warm-up captures the decode graphs the concurrent phase meets.
+    session = engine.batch_session()
     try:
         post(0)
         together(2 * clients + 1, 4)
         t0 = time.perf_counter()
         seq = [post(i) for i in range(1, clients + 1)]
         seq_s = time.perf_counter() - t0
+        if profile:
+            session.times = StepTimes()
         t0 = time.perf_counter()
         got = together(clients + 1)
         conc_s = time.perf_counter() - t0
+        times = getattr(session, "times", None)
+        session.times = None
+        kernels = kernel_table(lambda: together(3 * clients + 1)) if profile and torch.cuda.is_available() else None
     finally:
         srv.shutdown()
         srv.server_close()
@@ -157,11 +273,22 @@ def serve(engine, clients: int, prompt_tokens: int, answer_tokens: int) -> dict:
     lat = sorted(r["total_s"] for r in got.values())
     firsts = sorted(r["first_s"] for r in got.values())
     tokens = sum(r["tokens"] for r in got.values())
+    # The decode phase: from the last client's first token to the last answer's end (prompts are
+    # all prefilled before decode steps start, so in it every client decodes); its tokens are
+    # the answers' tokens but their first ones.
+    phase_s = max(r["end_at"] for r in got.values()) - max(r["first_at"] for r in got.values())
     out = {"clients": clients, "prompt_tokens": prompt_tokens, "answer_tokens": answer_tokens,
            "concurrent_s": conc_s, "sequential_s": seq_s, "decode_tok_s_concurrent": tokens / conc_s,
+           "decode_phase_s": phase_s, "decode_phase_tok_s": (tokens - clients) / phase_s,
            "decode_tok_s_sequential": sum(r["tokens"] for r in seq) / seq_s, "speedup": seq_s / conc_s,
            "latency_s": {"p50": lat[len(lat) // 2], "max": lat[-1]},
            "first_token_s": {"p50": firsts[len(firsts) // 2], "max": firsts[-1]}}
+    if kernels is not None:
+        out["kernels"] = kernels
+    if times is not None:
+        out["steps"] = times.summary()
+        # the engine worker's time outside its steps (queues, adding requests, waiting for work)
+        out["steps"]["outside_steps_s"] = conc_s - sum(sum(v.values()) for v in times.seconds.values())
     say(f"   serve: {out}")
     return out
 
@@ -190,6 +317,9 @@ def main():
     ap.add_argument("--serve-answer-tokens", type=int, default=128)
     ap.add_argument("--contexts", type=int, nargs="*", default=[131072])
     ap.add_argument("--tokenizer", default=str(ROOT / ".gpu" / "tokenizer"))
+    ap.add_argument("--profile", action="store_true",
+                    help="time the batched steps by part (engine/batch.py StepTimes) in the product review and serve")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["review", "product-review", "serve", "single-stream"])
     ap.add_argument("--json")
     a = ap.parse_args()
     from docqa.bench.gpu import write_checkpoint
@@ -201,10 +331,16 @@ def main():
     stage("write checkpoint", write_checkpoint, "llama3-8b", ckpt, Path(a.tokenizer), max(a.contexts + [8192]) + 8192)
     engine = stage("Engine.load", Engine.load, ckpt, device="cuda")
     if engine is not None:
-        RESULTS["review"] = stage("review: one at a time vs batched", review, engine, a.items, a.answer_tokens)
-        RESULTS["serve"] = stage("docqa serve: sequential vs concurrent clients", serve, engine, a.clients,
-                                 a.serve_prompt_tokens, a.serve_answer_tokens)
-        RESULTS["single_stream"] = stage("single stream", single_stream, engine, a.contexts)
+        if "review" not in a.skip:
+            RESULTS["review"] = stage("review: one at a time vs batched", review, engine, a.items, a.answer_tokens)
+        if "product-review" not in a.skip:
+            RESULTS["product_review"] = stage("docqa review (run_review): one at a time vs submitted together",
+                                              product_review, engine, ckpt, a.answer_tokens, a.profile)
+        if "serve" not in a.skip:
+            RESULTS["serve"] = stage("docqa serve: sequential vs concurrent clients", serve, engine, a.clients,
+                                     a.serve_prompt_tokens, a.serve_answer_tokens, a.profile)
+        if "single-stream" not in a.skip:
+            RESULTS["single_stream"] = stage("single stream", single_stream, engine, a.contexts)
     RESULTS["failed"] = FAILED
     if a.json:
         Path(a.json).write_text(json.dumps(RESULTS, indent=1, default=str))

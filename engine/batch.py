@@ -8,6 +8,10 @@ request leaves as soon as it ends (a stop token, its max_new_tokens, or `abort`)
 every sampling sequence gets its token: greedy ones from the device's argmax (one read-back
 for the batch), those with a chooser or a temperature from their row of logits on the host.
 
+`BatchThread` runs a session on a thread of its own for callers on other threads (a review's
+items, a summary's segments): each `generate` call joins the batch and blocks until its request
+ends, so code written for one request at a time is batched by running it on many threads.
+
 `Engine.batch_session()` gives the Triton Llama-family decoder a `BatchSession` and every other
 engine (the PyTorch model on the CPU, GLM's MLA decoder) a `SequentialSession`: the same
 interface, one request after another through `Engine.generate`. Both give, for each request,
@@ -16,6 +20,8 @@ the `GenerationResult` its own `Engine.generate` would (greedy: the same tokens)
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence as Seq
@@ -102,6 +108,8 @@ class BatchSession(_Session):
         self.scheduler = Scheduler(self.blocks, max_seqs=max_seqs, max_tokens=max_tokens)
         self.runner = ModelRunner(engine.model, self.cache)
         self._requests: dict[int, Request] = {}
+        # seconds spent per part of `step`, summed, when a profile asks for them (`StepTimes`)
+        self.times: StepTimes | None = None
         # Longer prompts belong to the long-document path (routed sparse state, prefix cache on
         # disk): a few of them would hold the whole pool and leave the batch one sequence wide.
         self.max_prompt_tokens = num_blocks * block_size // 8
@@ -124,6 +132,7 @@ class BatchSession(_Session):
     def step(self) -> list[Request]:
         """One forward over what the scheduler picks; returns the requests that ended (those
         cancelled since the last step too)."""
+        t0 = time.perf_counter()
         ended = []
         for req in [r for r in self._requests.values() if r.cancelled]:
             self.abort(req)
@@ -137,18 +146,26 @@ class BatchSession(_Session):
             req = self._requests[w.seq.seq_id]
             if req.cached_tokens is None:
                 req.cached_tokens = w.start  # its first blocks came from the cache
+        t1 = time.perf_counter()
         logits = self.runner.run(work)
+        t2 = time.perf_counter()
         sampling = [w.seq for w in work if w.samples]
         greedy = logits.argmax(-1).tolist() if any(s.pick is None for s in sampling) else None
+        t3 = time.perf_counter()
+        chosen = [j for j, seq in enumerate(sampling) if seq.pick is not None]
+        rows = iter(logits[chosen].cpu()) if chosen else None  # one copy for every chooser's row
         tokens = {}
         for j, seq in enumerate(sampling):
-            tokens[seq.seq_id] = greedy[j] if seq.pick is None else seq.pick(logits[j].cpu(), seq.output)
-        now = time.perf_counter()
+            tokens[seq.seq_id] = greedy[j] if seq.pick is None else seq.pick(next(rows), seq.output)
+        t4 = time.perf_counter()
         for seq in sampling:
             req = self._requests[seq.seq_id]
             if req.first_token is None:
-                req.first_token = now
-        return ended + [self._close(seq) for seq in self.scheduler.finish(work, tokens)]
+                req.first_token = t4
+        ended += [self._close(seq) for seq in self.scheduler.finish(work, tokens)]
+        if self.times is not None:
+            self.times.add(work, t0, t1, t2, t3, t4, time.perf_counter())
+        return ended
 
     def abort(self, req: Request) -> None:
         """End a request now (its client went away): it keeps what it generated."""
@@ -161,6 +178,33 @@ class BatchSession(_Session):
         req.ended = time.perf_counter()
         req.result = self._result(req)
         return req
+
+
+@dataclass
+class StepTimes:
+    """Where a session's steps spend their time, summed over steps (a profile: the benchmark sets
+    `BatchSession.times`). A decode step's forward is launched asynchronously, so `forward` is
+    the host's time to launch it and `wait` the device's remaining time (the read-back of the
+    greedy tokens); `choose` is the host's per-sequence choosers, `finish` the scheduler's
+    bookkeeping and each accepted token's callback (detokenising and streaming)."""
+
+    steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+    seconds: dict[str, dict[str, float]] = field(default_factory=lambda: {
+        kind: dict.fromkeys(("schedule", "forward", "wait", "choose", "finish"), 0.0) for kind in ("prefill", "decode")})
+    tokens: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0})
+
+    def add(self, work, *t: float) -> None:
+        kind = "decode" if all(w.count == 1 for w in work) else "prefill"
+        self.steps[kind] += 1
+        self.tokens[kind] += sum(w.count for w in work)
+        for name, a, b in zip(self.seconds[kind], t, t[1:]):
+            self.seconds[kind][name] += b - a
+
+    def summary(self) -> dict:
+        """Per kind of step: steps, tokens, and milliseconds per step of each part."""
+        return {kind: {"steps": n, "tokens": self.tokens[kind],
+                       **{f"{k}_ms": 1e3 * v / max(1, n) for k, v in self.seconds[kind].items()}}
+                for kind, n in self.steps.items()}
 
 
 class SequentialSession(_Session):
@@ -196,6 +240,7 @@ class SequentialSession(_Session):
         def on_token(tok: int, delta: str) -> None:
             if req.cancelled:
                 raise _Cancelled()
+            req.seq.token_ids.append(tok)  # its output so far, as a BatchSession's sequence has it
             if emit is not None:
                 emit(tok, delta)
 
@@ -224,3 +269,80 @@ class SequentialSession(_Session):
 
 class _Cancelled(Exception):
     """A request cancelled while `Engine.generate` runs it (raised from its token callback)."""
+
+
+class BatchThread:
+    """A `BatchSession` run by its own thread while callers on other threads each `generate` one
+    request, as `Engine.generate` would (greedy: the same tokens), blocking until it ends; their
+    requests are batched at every step. The thread holds `lock` while the engine works, so a
+    caller holding it may run the engine itself between steps (a prompt past the session's
+    `max_prompt_tokens`, a prefill for its logits)."""
+
+    def __init__(self, session: BatchSession, lock: threading.RLock):
+        self.session, self.lock = session, lock
+        self._new: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="docqa-batch", daemon=True)
+        self._thread.start()
+
+    def generate(self, ids: Seq[int], max_new_tokens: int = 256, **options) -> GenerationResult:
+        """`BatchSession.add`'s arguments; the request's result once it has ended."""
+        call = _Call(list(ids), max_new_tokens, options)
+        self._new.put(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.request.result
+
+    def close(self) -> None:
+        """Stop the thread once the requests it has are done."""
+        self._new.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        session, active, closing = self.session, {}, False
+        while True:
+            if closing and not session.has_work:
+                return
+            calls = [] if session.has_work else [self._new.get()]
+            while True:
+                try:
+                    calls.append(self._new.get_nowait())
+                except queue.Empty:
+                    break
+            for call in calls:
+                if call is None:  # after the requests it has (a caller still waiting gets its answer)
+                    closing = True
+                    continue
+                try:
+                    call.request = session.add(call.ids, call.max_new_tokens, **call.options)
+                except Exception as e:  # noqa: BLE001 - this request is refused (too long for the pool)
+                    call.fail(e)
+                    continue
+                active[call.request] = call
+            if not session.has_work:
+                continue
+            try:
+                with self.lock:
+                    ended = session.step()
+            except Exception as e:  # noqa: BLE001 - the engine failed: every caller in the batch gets it
+                for req, call in active.items():
+                    session.abort(req)
+                    call.fail(e)
+                active.clear()
+                continue
+            for req in ended:
+                active.pop(req).done.set()
+
+
+@dataclass(eq=False)
+class _Call:
+    ids: list[int]
+    max_new_tokens: int
+    options: dict
+    request: Request | None = None
+    error: Exception | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        self.done.set()
