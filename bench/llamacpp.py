@@ -72,8 +72,17 @@ def llama_cpp(bench: str, model: str, threads: int, lengths: list[int], decode: 
     res = {"prefill": {}, "decode_tok_s": None}
     for r in run("-p", ",".join(map(str, lengths)), "-n", "0"):
         res["prefill"][r["n_prompt"]] = r["avg_ts"]
-    (r,) = run("-p", "0", "-n", str(decode), "-d", str(depth))
-    res["decode_tok_s"] = r["avg_ts"]
+    # Decode also per second of CPU time (less sensitive to a shared machine than wall time):
+    # the children's CPU time of two runs that differ only in their number of decode steps.
+    cpu = []
+    for n in (decode, 2 * decode):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        (r,) = run("-p", "0", "-n", str(n), "-d", str(depth))
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        if n == decode:
+            res["decode_tok_s"] = r["avg_ts"]
+    res["decode_cpu_tok_s"] = decode / (cpu[1] - cpu[0])
     # The children's peak: llama-bench loads the model once per invocation.
     res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return res

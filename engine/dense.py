@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels.linear.gguf_cpu import attend_f16, library
 from .config import ModelConfig
 from .rope import Rope
 
@@ -47,6 +48,11 @@ class DenseKVState:
         shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=self.device)
         self.v = torch.empty(shape, dtype=dtype, device=self.device)
+        # An fp16 cache on the CPU (Engine.kv_dtype with GGUF weights): a decode step's RoPE, cache
+        # write and attention in one call of the compiled kernel, which reads the fp16 rows as they
+        # are (torch's attention would convert them first). Full-width rotate-half RoPE only.
+        self._compiled = dtype == torch.float16 and self.device.type == "cpu" and self.rope.plain \
+            and config.head_dim % 32 == 0 and library() is not None
 
     @property
     def capacity(self) -> int:
@@ -68,6 +74,9 @@ class DenseKVState:
         start = self.num_tokens
         end = start + t
         self._reserve(end)
+        if t == 1 and self._compiled:
+            cos, sin = self.rope.cos_sin(positions)
+            return attend_f16(q[0], k[0], v[0], self.k[layer], self.v[layer], start, cos, sin)[None]
         q = self.rope.apply(q, positions)
         k = self.rope.apply(k, positions)
         self.k[layer, :, start:end] = k.transpose(0, 1).to(self.dtype)

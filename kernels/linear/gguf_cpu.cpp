@@ -525,4 +525,124 @@ int gguf_dequant(const uint8_t* w, int64_t row_bytes, int qtype, int64_t K, int6
     return 0;
 }
 
+
+// e^x for x <= 0 (softmax after its maximum is taken off): x = n ln2 + r with |r| <= ln2 / 2,
+// e^r by its Taylor polynomial to degree 7 (relative error ~1e-7, float rounding's size), times
+// 2^n; below -87 the result is 0.
+inline __m512 exp_ps(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts, exact first
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// A decode step's attention for one new position `pos` over a KV cache of fp16 keys and values:
+// q [hq, d] and the new k, v [hkv, d] (fp32) are turned by RoPE (HF's rotate-half layout:
+// x * cos + rotate_half(x) * sin, cos/sin [d] of position pos; none when cos is null), the new
+// k and v stored as fp16 at row pos of kc, vc [hkv, ld, d], then
+// out[h] = softmax(scale * q[h] . K[j]) V over rows 0..pos, query head h reading KV head
+// h / (hq / hkv); out [hq, d] fp32. fp16 halves the bytes a step reads (the cache, not the
+// arithmetic, bounds it) and the cache's memory; one call replaces a dozen small torch ops.
+// d must be a multiple of 16 (32 with RoPE). Returns 0, or -1 for bad input.
+int attend_f16(const float* q_in, int64_t hq, int64_t hkv, int64_t d, const float* k_new, const float* v_new,
+               const float* cos, const float* sin, uint16_t* kc, uint16_t* vc, int64_t ld, int64_t pos, float scale,
+               float* out, int nthreads) {
+    if (d % 16 || d > 256 || (cos && d % 32) || hkv <= 0 || hq % hkv || pos < 0 || pos >= ld) return -1;
+    const int64_t g = hq / hkv, n = pos + 1, half = d / 2;
+    // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1].
+    auto rope = [&](const float* x, float* y) {
+        for (int64_t c = 0; c < half; c += 16) {
+            const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + half + c);
+            _mm512_storeu_ps(y + c, _mm512_fnmadd_ps(b, _mm512_loadu_ps(sin + c), _mm512_mul_ps(a, _mm512_loadu_ps(cos + c))));
+            _mm512_storeu_ps(y + half + c, _mm512_fmadd_ps(a, _mm512_loadu_ps(sin + half + c),
+                                                           _mm512_mul_ps(b, _mm512_loadu_ps(cos + half + c))));
+        }
+    };
+    auto store_f16 = [&](const float* x, uint16_t* y) {
+        for (int64_t c = 0; c < d; c += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + c), _mm512_cvtps_ph(_mm512_loadu_ps(x + c), _MM_FROUND_TO_NEAREST_INT));
+    };
+#pragma omp parallel for schedule(static) num_threads(nthreads < hkv ? nthreads : hkv)
+    for (int64_t h = 0; h < hkv; ++h) {
+        uint16_t* kh = kc + h * ld * d;
+        uint16_t* vh = vc + h * ld * d;
+        alignas(64) float tmp[256];
+        if (cos) {
+            rope(k_new + h * d, tmp);
+            store_f16(tmp, kh + pos * d);
+        } else {
+            store_f16(k_new + h * d, kh + pos * d);
+        }
+        store_f16(v_new + h * d, vh + pos * d);
+        float* s = static_cast<float*>(std::aligned_alloc(64, ((g * n + g * d) * 4 + 63) / 64 * 64));
+        float* q = s + g * n;  // the group's query rows, turned
+        for (int64_t i = 0; i < g; ++i) {
+            if (cos)
+                rope(q_in + (h * g + i) * d, q + i * d);
+            else
+                std::memcpy(q + i * d, q_in + (h * g + i) * d, d * 4);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+            // The group's query rows against a key row read from memory once.
+            const uint16_t* kr = kh + j * d;
+            for (int64_t i = 0; i < g; ++i) {
+                __m512 acc = _mm512_setzero_ps();
+                const float* qi = q + i * d;
+                for (int64_t c = 0; c < d; c += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + c),
+                                          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kr + c))), acc);
+                s[i * n + j] = _mm512_reduce_add_ps(acc) * scale;
+            }
+        }
+        for (int64_t i = 0; i < g; ++i) {
+            float* si = s + i * n;
+            float mx = si[0];
+            for (int64_t j = 1; j < n; ++j) mx = si[j] > mx ? si[j] : mx;
+            __m512 sum = _mm512_setzero_ps();
+            int64_t j = 0;
+            for (; j + 16 <= n; j += 16) {
+                const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(mx)));
+                _mm512_storeu_ps(si + j, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            float total = _mm512_reduce_add_ps(sum);
+            for (; j < n; ++j) si[j] = std::exp(si[j] - mx), total += si[j];
+            const float inv = 1.0f / total;
+            for (j = 0; j < n; ++j) si[j] *= inv;
+        }
+        __m512 acc[4][4];  // 4 query rows x 64 of d per pass: 16 accumulators stay in registers
+        for (int64_t c0 = 0; c0 < d; c0 += 64) {
+            const int64_t cw = d - c0 < 64 ? (d - c0) / 16 : 4;
+            for (int64_t i0 = 0; i0 < g; i0 += 4) {
+                const int64_t gi = g - i0 < 4 ? g - i0 : 4;
+                for (int64_t i = 0; i < gi; ++i)
+                    for (int64_t c = 0; c < cw; ++c) acc[i][c] = _mm512_setzero_ps();
+                for (int64_t j = 0; j < n; ++j) {
+                    const uint16_t* vr = vh + j * d + c0;
+                    __m512 vv[4];
+                    for (int64_t c = 0; c < cw; ++c)
+                        vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + 16 * c)));
+                    for (int64_t i = 0; i < gi; ++i) {
+                        const __m512 p = _mm512_set1_ps(s[(i0 + i) * n + j]);
+                        for (int64_t c = 0; c < cw; ++c) acc[i][c] = _mm512_fmadd_ps(p, vv[c], acc[i][c]);
+                    }
+                }
+                for (int64_t i = 0; i < gi; ++i)
+                    for (int64_t c = 0; c < cw; ++c) _mm512_storeu_ps(out + (h * g + i0 + i) * d + c0 + 16 * c, acc[i][c]);
+            }
+        }
+        std::free(s);
+    }
+    return 0;
+}
+
 }  // extern "C"
