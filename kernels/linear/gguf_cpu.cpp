@@ -645,4 +645,57 @@ int attend_f16(const float* q_in, int64_t hq, int64_t hkv, int64_t d, const floa
     return 0;
 }
 
+
+// One Llama block's matrices and norms for gguf_decode (prepared once at load, engine/gguf_weights.py):
+// products 0 = [q; k; v] (with the input norm folded, bias optional), 1 = o, 2 = [gate; up]
+// (post-attention norm folded, SwiGLU), 3 = down; each product 1-3 matrices of K columns.
+struct DecodeLayer {
+    const uint8_t* w[7];
+    int64_t rows[7], row_bytes[7];
+    int qtypes[7];
+    int nmat[4];  // matrices per product, in the order of w
+    const float* norm_in;
+    const float* norm_post;
+    const float* qkv_bias;
+    float eps;
+};
+
+// A decode step through n_layers Llama blocks, in place on x [hidden] (fp32): per layer
+// x += o(attention(rope(qkv(norm(x))))), x += down(swiglu(gate_up(norm(x)))), the new k and v
+// written as fp16 at row pos of the layer's cache (kc, vc: [n_layers, hkv, ld, d]). One call
+// per step instead of about ten torch ops and four product calls per layer from Python.
+int gguf_decode(const DecodeLayer* layers, int n_layers, float* x, int64_t hidden, int64_t hq, int64_t hkv,
+                int64_t d, int64_t inter, uint16_t* kc, uint16_t* vc, int64_t ld, int64_t pos, const float* cos,
+                const float* sin, int nthreads) {
+    const int64_t nq = hq * d, nkv = hkv * d, wide = nq + 2 * nkv > 2 * inter ? nq + 2 * nkv : 2 * inter;
+    float* buf = static_cast<float*>(std::aligned_alloc(64, ((wide + nq + hidden) * 4 + 63) / 64 * 64));
+    float* big = buf;               // qkv, then gate/up
+    float* att = buf + wide;        // attention output [hq * d]
+    float* delta = att + nq;        // o or down output [hidden]
+    int rc = 0;
+    for (int l = 0; l < n_layers && rc == 0; ++l) {
+        const DecodeLayer& L = layers[l];
+        const uint8_t* const* w = L.w;
+        const int64_t* rows = L.rows;
+        const int64_t* rb = L.row_bytes;
+        const int* qt = L.qtypes;
+        rc |= gguf_mm(x, 1, hidden, L.nmat[0], w, rows, rb, qt, big, nq + 2 * nkv, nthreads, L.norm_in, L.eps,
+                      L.qkv_bias, 0);
+        const int64_t at1 = L.nmat[0], at2 = at1 + L.nmat[1], at3 = at2 + L.nmat[2];
+        const int64_t cache = static_cast<int64_t>(l) * hkv * ld * d;
+        rc |= attend_f16(big, hq, hkv, d, big + nq, big + nq + nkv, cos, sin, kc + cache, vc + cache, ld, pos,
+                         1.0f / std::sqrt(static_cast<float>(d)), att, nthreads);
+        rc |= gguf_mm(att, 1, nq, L.nmat[1], w + at1, rows + at1, rb + at1, qt + at1, delta, hidden, nthreads,
+                      nullptr, 0.0f, nullptr, 0);
+        for (int64_t i = 0; i < hidden; ++i) x[i] += delta[i];
+        rc |= gguf_mm(x, 1, hidden, L.nmat[2], w + at2, rows + at2, rb + at2, qt + at2, big, 2 * inter, nthreads,
+                      L.norm_post, L.eps, nullptr, 1);
+        rc |= gguf_mm(big, 1, inter, L.nmat[3], w + at3, rows + at3, rb + at3, qt + at3, delta, hidden, nthreads,
+                      nullptr, 0.0f, nullptr, 0);
+        for (int64_t i = 0; i < hidden; ++i) x[i] += delta[i];
+    }
+    std::free(buf);
+    return rc;
+}
+
 }  // extern "C"

@@ -121,6 +121,8 @@ def _load() -> ctypes.CDLL:
     dll.gguf_mm.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_int,
                             ptr, ctypes.c_float, ptr, ctypes.c_int]
     dll.gguf_dequant.argtypes = [ptr, i64, ctypes.c_int, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
+    dll.gguf_decode.argtypes = [ptr, ctypes.c_int, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr,
+                                ctypes.c_int]
     dll.attend_f16.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ptr,
                                ctypes.c_int]
     return dll
