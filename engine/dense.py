@@ -53,7 +53,7 @@ class DenseKVState:
         # are (torch's attention would convert them first), or the whole step in one call
         # (gguf_weights.DecodeStep). Full-width rotate-half RoPE only.
         self.compiled = dtype == torch.float16 and self.device.type == "cpu" and self.rope.plain \
-            and config.head_dim % 32 == 0 and library() is not None
+            and config.head_dim % 32 == 0 and config.head_dim <= 256 and library() is not None
 
     @property
     def capacity(self) -> int:

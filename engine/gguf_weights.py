@@ -4,7 +4,10 @@ Q4_0/Q4_1/Q8_0 and Q4_K/Q5_K/Q6_K matrices stay as the file stores them, in memo
 it: a model costs about its file's size in memory and loads in the time it takes to read the
 header. Products run on the blocks (kernels/linear/gguf_cpu.py): up to a few activation rows
 (decode) as int8 dot products against the blocks, more rows (prefill) by dequantising each matrix
-to bf16 a slice at a time for PyTorch's GEMM. q/k/v and gate/up run as one call each.
+to bf16 a slice at a time for PyTorch's GEMM. q/k/v and gate/up run as one call each. A decode
+step of a Llama-family model runs through every block in one kernel call (`DecodeStep`), over an
+fp16 KV cache (`Engine.kv_dtype`): on a small model the ten-odd torch ops a layer between the
+products cost about as much as the products (bench/results/cpu_engine.md).
 
 Modes (`Engine.load(decode_weights=...)`, a name kept from when only decode used them):
 - "auto": the quantised matrices on the CPU where the kernel is available (a C++ compiler and

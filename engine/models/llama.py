@@ -212,5 +212,5 @@ class LlamaModel(nn.Module):
         if self.lm_head.quant is not None:
             self.lm_head.quant = QuantLinear(self.lm_head.quant.mats, norm=self.norm)
         if all(isinstance(block, Block) for block in self.layers) and Rope(self.config).plain \
-                and self.config.head_dim % 32 == 0:
+                and self.config.head_dim % 32 == 0 and self.config.head_dim <= 256:  # gguf_decode's heads
             self.decode_step = DecodeStep.build(self)

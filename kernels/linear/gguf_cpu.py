@@ -9,6 +9,8 @@ torch's thread count and pool. Where there is no compiler or the CPU lacks AVX-5
 `library()` is None and the caller keeps dequantised weights (engine/gguf_weights.py).
 
 naive_gguf.py is the reference: the same products on weights dequantised by the `gguf` package.
+The library also holds a decode step's attention over an fp16 KV cache (`attend_f16`) and a whole
+decode step through a Llama model's blocks (`gguf_decode`, engine/gguf_weights.DecodeStep).
 """
 
 from __future__ import annotations
