@@ -13,6 +13,9 @@ its peak RSS is its own. Example:
 Engines: `ours` (Engine.load's default: the GGUF blocks as stored), `ours:fp32` (every weight
 dequantised to fp32, the reference path), `hf`, `llamacpp`. Load is Engine.load's wall time
 (HF: from_pretrained's; llama-bench does not report one).
+"decode tok/CPU-s" is decode steps per second of the process's CPU time (llama.cpp: its
+children's), measured as the difference of two runs that differ only in their number of steps:
+on a shared machine wall time swings with the other work far more than CPU time does (HF: not measured).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ WARMUP = 64
 
 
 def run_ours(path, threads, lengths, decode, ids, mode="auto"):
+    from llamacpp import CPU_EXTRA_STEPS
     import torch
     from docqa.engine import Engine
     from docqa.engine.benchmark import peak_rss_mib
@@ -49,6 +53,14 @@ def run_ours(path, threads, lengths, decode, ids, mode="auto"):
         out["prefill"][n] = n / (time.perf_counter() - t)
     res = engine.generate(ids[:min(lengths)], decode + 1, stop_ids=())
     out["decode_tok_s"] = res.decode_tok_s
+    # Decode steps per second of CPU time: two generations that differ only in their number of
+    # steps, as llama.cpp's figure (llamacpp.CPU_EXTRA_STEPS).
+    cpu = []
+    for n in (decode + 1, (1 + CPU_EXTRA_STEPS) * decode + 1):
+        c = time.process_time()
+        engine.generate(ids[:min(lengths)], n, stop_ids=())
+        cpu.append(time.process_time() - c)
+    out["decode_cpu_tok_s"] = CPU_EXTRA_STEPS * decode / (cpu[1] - cpu[0])
     out["peak_rss_mib"] = peak_rss_mib()
     return out
 
@@ -167,6 +179,8 @@ def median_result(runs: list[dict]) -> dict:
     out = dict(runs[-1])
     out["prefill"] = {n: med([r["prefill"][n] for r in runs]) for n in runs[0]["prefill"]}
     out["decode_tok_s"] = med([r["decode_tok_s"] for r in runs])
+    if all(r.get("decode_cpu_tok_s") is not None for r in runs):
+        out["decode_cpu_tok_s"] = med([r["decode_cpu_tok_s"] for r in runs])
     out["peak_rss_mib"] = med([r["peak_rss_mib"] for r in runs])
     if all(r.get("load_s") is not None for r in runs):
         out["load_s"] = med([r["load_s"] for r in runs])
@@ -176,11 +190,13 @@ def median_result(runs: list[dict]) -> dict:
 
 def format_table(results: dict, lengths) -> str:
     ok = {k: v for k, v in results.items() if "error" not in v}
-    cols = [f"prefill {n} tok/s" for n in lengths] + [f"decode tok/s @{min(lengths)}", "peak RSS MiB", "load s"]
+    cols = [f"prefill {n} tok/s" for n in lengths] + [f"decode tok/s @{min(lengths)}", "decode tok/CPU-s",
+                                                      "peak RSS MiB", "load s"]
 
     def row(r):
         return [r["prefill"].get(str(n), r["prefill"].get(n)) for n in lengths] + \
-            [r["decode_tok_s"], r["peak_rss_mib"], r.get("load_s") or float("nan")]
+            [r["decode_tok_s"], r.get("decode_cpu_tok_s") or float("nan"), r["peak_rss_mib"],
+             r.get("load_s") or float("nan")]
 
     lines = ["| engine | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, r in ok.items():

@@ -61,6 +61,11 @@ def cmake_flags() -> tuple[str, ...]:
     return BASE_FLAGS + tuple(f"-D{opt}={'ON' if flag in have else 'OFF'}" for opt, flag in ISA_FLAGS.items())
 
 
+# The two runs of a CPU-time figure differ by this many times the decode steps (bench/cpu_engine.py
+# times ours the same way).
+CPU_EXTRA_STEPS = 4
+
+
 def llama_cpp(bench: str, model: str, threads: int, lengths: list[int], decode: int, depth: int) -> dict:
     """{"prefill": {n: tok/s}, "decode_tok_s", "peak_rss_mib"} from llama-bench, one repetition
     per test (8K prefill takes minutes on one core) after its warm-up."""
@@ -72,8 +77,18 @@ def llama_cpp(bench: str, model: str, threads: int, lengths: list[int], decode: 
     res = {"prefill": {}, "decode_tok_s": None}
     for r in run("-p", ",".join(map(str, lengths)), "-n", "0"):
         res["prefill"][r["n_prompt"]] = r["avg_ts"]
-    (r,) = run("-p", "0", "-n", str(decode), "-d", str(depth))
-    res["decode_tok_s"] = r["avg_ts"]
+    # Decode also per second of CPU time (less sensitive to a shared machine than wall time):
+    # the children's CPU time of two runs that differ only in their number of decode steps, by
+    # CPU_EXTRA_STEPS x decode so that the steps outweigh the variation of the rest (load, prefill).
+    cpu = []
+    for n in (decode, (1 + CPU_EXTRA_STEPS) * decode):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        (r,) = run("-p", "0", "-n", str(n), "-d", str(depth))
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        if n == decode:
+            res["decode_tok_s"] = r["avg_ts"]
+    res["decode_cpu_tok_s"] = CPU_EXTRA_STEPS * decode / (cpu[1] - cpu[0])
     # The children's peak: llama-bench loads the model once per invocation.
     res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return res

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels.linear.gguf_cpu import attend_f16, library
 from .config import ModelConfig
 from .rope import Rope
 
@@ -47,12 +48,19 @@ class DenseKVState:
         shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=self.device)
         self.v = torch.empty(shape, dtype=dtype, device=self.device)
+        # An fp16 cache on the CPU (Engine.kv_dtype with GGUF weights): a decode step's RoPE, cache
+        # write and attention in one call of the compiled kernel, which reads the fp16 rows as they
+        # are (torch's attention would convert them first), or the whole step in one call
+        # (gguf_weights.DecodeStep). Full-width rotate-half RoPE only.
+        self.compiled = dtype == torch.float16 and self.device.type == "cpu" and self.rope.plain \
+            and config.head_dim % 32 == 0 and config.head_dim <= 256 and library() is not None
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def _reserve(self, n: int) -> None:
+    def reserve(self, n: int) -> None:
+        """Room for n tokens in all."""
         if n <= self.capacity:
             return
         new_cap = max(n, 2 * self.capacity)
@@ -67,7 +75,10 @@ class DenseKVState:
         t = q.shape[0]
         start = self.num_tokens
         end = start + t
-        self._reserve(end)
+        self.reserve(end)
+        if t == 1 and self.compiled:
+            cos, sin = self.rope.cos_sin(positions)
+            return attend_f16(q[0], k[0], v[0], self.k[layer], self.v[layer], start, cos, sin)[None]
         q = self.rope.apply(q, positions)
         k = self.rope.apply(k, positions)
         self.k[layer, :, start:end] = k.transpose(0, 1).to(self.dtype)

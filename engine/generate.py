@@ -203,6 +203,15 @@ class Engine:
     def dtype(self) -> torch.dtype:
         return self.model.dtype if self.triton else self.model.norm.weight.dtype
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dense KV cache's dtype: fp16 where the model computes on GGUF blocks on the CPU (as
+        llama.cpp's cache: half the memory, and half the bytes a decode step's attention reads,
+        which bounds it; engine/dense.py), else the weights' dtype."""
+        if not self.triton and getattr(self.model, "decode_weights", {}).get("mode") == "gguf":
+            return torch.float16
+        return self.dtype
+
     # --- states ---------------------------------------------------------------------------------
     def sparse_settings(self, **overrides) -> EngineSettings:
         """The sparse (read-the-whole-document) settings this engine runs: on the Triton decoder
@@ -237,7 +246,7 @@ class Engine:
             if self.config.dsa is not None or self.config.arch == "gemma3":
                 return self.model.new_state(dtype=self.dtype, device=self.device)
         if settings is None:
-            return DenseKVState(self.config, self.rope, capacity=capacity, dtype=self.dtype, device=self.device)
+            return DenseKVState(self.config, self.rope, capacity=capacity, dtype=self.kv_dtype, device=self.device)
         if self.config.mla is not None:  # MLA: latents (+ indexer keys) in the segmented cache
             from .mla_state import MLAKVState
 

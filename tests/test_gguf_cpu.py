@@ -136,3 +136,33 @@ def test_bias():
     for m in (1, DOT_MAX_ROWS + 1):
         x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
         torch.testing.assert_close(GGUFProduct([w], bias=bias)(x), gguf_mm(x, [w]) + bias)
+
+
+def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+
+
+@pytest.mark.parametrize("hq,hkv,d,pos", [(9, 3, 64, 300), (12, 2, 128, 0), (32, 8, 128, 36), (4, 4, 96, 17)])
+@pytest.mark.parametrize("turned", [True, False])
+def test_decode_attention_equals_sdpa(hq, hkv, d, pos, turned):
+    """attend_f16 (RoPE, fp16 cache write, attention of one query row) against torch's SDPA on the
+    same fp16 rows as fp32, with the RoPE written out; the stored row against its rounding."""
+    g = torch.Generator().manual_seed(pos + d)
+    cap = pos + 5
+    kc, vc = (torch.randn(hkv, cap, d, generator=g).half() for _ in range(2))
+    q, k, v = torch.randn(hq, d, generator=g) * 2, torch.randn(hkv, d, generator=g), torch.randn(hkv, d, generator=g)
+    ang = torch.rand(d // 2, generator=g) * 10
+    cos, sin = torch.cat((ang, ang)).cos(), torch.cat((ang, ang)).sin()
+    keys, values = kc.float(), vc.float()
+    keys[:, pos] = (rotate_half_rope(k, cos, sin) if turned else k).half().float()
+    values[:, pos] = v.half().float()
+    qr = rotate_half_rope(q, cos, sin) if turned else q
+    out = gguf_cpu.attend_f16(q, k, v, kc, vc, pos, *((cos, sin) if turned else (None, None)))
+    # The stored rows: the same fp16 values up to a rounding step (fma vs separate products).
+    torch.testing.assert_close(kc[:, pos].float(), keys[:, pos], atol=2e-3, rtol=1e-3)
+    assert torch.equal(vc[:, pos].float(), values[:, pos])
+    keys[:, pos] = kc[:, pos].float()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        qr.view(hkv, hq // hkv, d)[None], keys[None, :, :pos + 1], values[None, :, :pos + 1])[0].reshape(hq, d)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

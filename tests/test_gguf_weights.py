@@ -148,6 +148,28 @@ def test_default_model_matches_fp32():
     check_against_fp32(default_path(), PROMPTS[:2], 12, logits_tolerance=1.5, max_flips=1)
 
 
+def test_decode_step_equals_the_modules():
+    """The whole decode step in one kernel call (gguf_weights.DecodeStep) against the same step
+    through the model's modules (the products one by one, attention in engine/dense.py), on the
+    default model with the engine's fp16 cache: the same arithmetic in another order."""
+    model, ckpt = load_model(default_path(), decode_weights="auto")
+    assert model.decode_step is not None
+    ids = torch.randint(0, ckpt.config.vocab, (24,), generator=torch.Generator().manual_seed(3))
+    fused, modules = (DenseKVState(ckpt.config, dtype=torch.float16) for _ in range(2))
+    assert fused.compiled
+    model(ids[:16], fused), model(ids[:16], modules)
+    step = model.decode_step
+    for i in range(16, 24):
+        a = model(ids[i:i + 1], fused)
+        model.decode_step = None
+        try:
+            b = model(ids[i:i + 1], modules)
+        finally:
+            model.decode_step = step
+        assert ((a - b).abs().max() / b.abs().max()).item() < 1e-4
+    assert torch.allclose(fused.k[:, :, :24].float(), modules.k[:, :, :24].float(), atol=1e-2, rtol=1e-3)
+
+
 @pytest.mark.slow
 def test_default_model_matches_fp32_at_length():
     check_against_fp32(default_path(), PROMPTS, 64, logits_tolerance=1.5, max_flips=len(PROMPTS) * 64 // 40)

@@ -12,7 +12,8 @@ from torch import nn
 
 from ..attention import KVState
 from ..config import ModelConfig
-from ..gguf_weights import GGUFMatrix, QuantEmbedding, QuantLinear
+from ..rope import Rope
+from ..gguf_weights import DecodeStep, GGUFMatrix, QuantEmbedding, QuantLinear
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -118,6 +119,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden, config.rms_eps)
         self.lm_head = Linear(config.hidden, config.vocab)
         self.decode_weights = {"mode": "fp32", "bytes": 0}  # fp32 or GGUF blocks (engine/gguf_weights.py)
+        self.decode_step: DecodeStep | None = None  # a whole decode step in the compiled kernel
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, state: KVState, *, last_only: bool = False,
@@ -145,6 +147,10 @@ class LlamaModel(nn.Module):
         t = ids.shape[0]
         positions = torch.arange(state.num_tokens, state.num_tokens + t, device=ids.device)
         x = self.embed_tokens(ids)
+        if t == 1 and self.decode_step is not None and getattr(state, "compiled", False):
+            x = self.decode_step(x.contiguous(), state, positions)
+            state.commit(1)
+            return x
         for block in self.layers:
             x = block(x, state, positions)
         state.commit(t)
@@ -205,3 +211,6 @@ class LlamaModel(nn.Module):
                                         norm=block.post_attention_layernorm, swiglu=True)
         if self.lm_head.quant is not None:
             self.lm_head.quant = QuantLinear(self.lm_head.quant.mats, norm=self.norm)
+        if all(isinstance(block, Block) for block in self.layers) and Rope(self.config).plain \
+                and self.config.head_dim % 32 == 0 and self.config.head_dim <= 256:  # gguf_decode's heads
+            self.decode_step = DecodeStep.build(self)

@@ -56,22 +56,23 @@ inline __m256i nibbles16(const uint8_t* qs) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
 }
 
+// One 32-block's unsigned codes.
+template <int T>
+inline __m256i small_codes(const uint8_t* b) {
+    if (T == Q4_0) return nibbles16(b + 2);
+    if (T == Q4_1) return nibbles16(b + 4);
+    // Q8_0: signed codes made unsigned by flipping the sign bit (q + 128)
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+}
+
 // One 32-block: its codes, and (scale, offset) with weight = scale * code + offset.
 template <int T>
 inline __m256i small_block(const uint8_t* b, float& scale, float& offset) {
     const float d = half_at(b);
     scale = d;
-    if (T == Q4_0) {
-        offset = -8.0f * d;
-        return nibbles16(b + 2);
-    }
-    if (T == Q4_1) {
-        offset = half_at(b + 2);
-        return nibbles16(b + 4);
-    }
-    offset = -128.0f * d;  // Q8_0: signed codes made unsigned by flipping the sign bit (q + 128)
-    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)),
-                            _mm256_set1_epi8(static_cast<char>(0x80)));
+    offset = T == Q4_0 ? -8.0f * d : T == Q4_1 ? half_at(b + 2) : -128.0f * d;
+    return small_codes<T>(b);
 }
 
 // Unit u = blocks 2u and 2u + 1; `half` when only 2u exists (rows of an odd number of blocks):
@@ -261,6 +262,54 @@ inline void small_tile(const uint8_t* row, const Act& a, int64_t m0, float* y, i
     for (int i = 0; i < MT; ++i) y[(m0 + i) * ldy + n] = _mm512_reduce_add_ps(acc[i]) + off[i];
 }
 
+// One activation row (decode) against one weight row: the scales and offsets of 16 blocks at a
+// time, from one gather of their fp16 headers, as vectors (per unit, small_tile spends more
+// instructions on its two blocks' scalar scales than on their dot product); the blocks past the
+// last full 16 as small_tile does.
+template <int T>
+inline void small_row1(const uint8_t* row, const Act& a, int64_t m, float* y, int64_t ldy, int64_t n) {
+    constexpr int bb = block_bytes<T>();
+    const int64_t units = a.k64 / 64, groups = a.k64 / 32, full = a.K / 512;
+    const bool half_tail = (a.K % 64) != 0;
+    const float* xd = a.d32 + m * groups;
+    const float* xs = a.sum32 + m * groups;
+    const int8_t* xq = a.q32 + m * a.k64;
+    const __m512i at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(bb));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), off = _mm512_setzero_ps();
+    for (int64_t g = 0; g < full; ++g) {
+        const uint8_t* base = row + g * 16 * bb;
+        // Each block's first 4 bytes: d in the low half, Q4_1's m in the high one.
+        const __m512i head = _mm512_i32gather_epi32(at, base, 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        const __m512 o = T == Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                   : _mm512_mul_ps(d, _mm512_set1_ps(T == Q4_0 ? -8.0f : -128.0f));
+        off = _mm512_fmadd_ps(o, _mm512_loadu_ps(xs + 16 * g), off);
+        const __m512 sc = _mm512_mul_ps(d, _mm512_loadu_ps(xd + 16 * g));
+        for (int u = 0; u < 8; u += 2) {
+            const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+            const __m512i c0 = join(small_codes<T>(base + (2 * u) * bb), small_codes<T>(base + (2 * u + 1) * bb));
+            const __m512i c1 = join(small_codes<T>(base + (2 * u + 2) * bb), small_codes<T>(base + (2 * u + 3) * bb));
+            const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c0, _mm512_loadu_si512(xq + 512 * g + 64 * u));
+            const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c1,
+                                                   _mm512_loadu_si512(xq + 512 * g + 64 * u + 64));
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
+                                   _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(2 * u)), sc), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1),
+                                   _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(2 * u + 2)), sc), acc1);
+        }
+    }
+    float rest = 0.0f;
+    for (int64_t u = full * 8; u < units; ++u) {
+        float s[2], o[2];
+        const __m512i codes = small_unit<T>(row, u, half_tail && u == units - 1, s, o);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xq + 64 * u));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), two(s[0] * xd[2 * u], s[1] * xd[2 * u + 1]), acc0);
+        rest += o[0] * xs[2 * u] + o[1] * xs[2 * u + 1];
+    }
+    y[m * ldy + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + _mm512_reduce_add_ps(off) + rest;
+}
+
 // MT activation rows (m0..m0 + MT - 1) against one weight row; MT is a constant so the
 // accumulators stay in registers.
 template <int T, int MT>
@@ -315,6 +364,8 @@ template <int T, int MT>
 inline void tile(const uint8_t* row, const Act& a, int64_t m0, float* y, int64_t ldy, int64_t n) {
     if constexpr (kSuper<T>)
         super_tile<T, MT>(row, a, m0, y, ldy, n);
+    else if constexpr (MT == 1)
+        small_row1<T>(row, a, m0, y, ldy, n);
     else
         small_tile<T, MT>(row, a, m0, y, ldy, n);
 }
@@ -523,6 +574,179 @@ int gguf_dequant(const uint8_t* w, int64_t row_bytes, int qtype, int64_t K, int6
         dispatch<Dequant>(qtype, base, row_bytes, lo, hi, K, f, b);
     }
     return 0;
+}
+
+
+// e^x for x <= 0 (softmax after its maximum is taken off): x = n ln2 + r with |r| <= ln2 / 2,
+// e^r by its Taylor polynomial to degree 7 (relative error ~1e-7, float rounding's size), times
+// 2^n; below -87 the result is 0.
+inline __m512 exp_ps(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts, exact first
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// A decode step's attention for one new position `pos` over a KV cache of fp16 keys and values:
+// q [hq, d] and the new k, v [hkv, d] (fp32) are turned by RoPE (HF's rotate-half layout:
+// x * cos + rotate_half(x) * sin, cos/sin [d] of position pos; none when cos is null), the new
+// k and v stored as fp16 at row pos of kc, vc [hkv, ld, d], then
+// out[h] = softmax(scale * q[h] . K[j]) V over rows 0..pos, query head h reading KV head
+// h / (hq / hkv); out [hq, d] fp32. fp16 halves the bytes a step reads (the cache, not the
+// arithmetic, bounds it) and the cache's memory; one call replaces a dozen small torch ops.
+// d must be a multiple of 16 (32 with RoPE). Returns 0, or -1 for bad input.
+int attend_f16(const float* q_in, int64_t hq, int64_t hkv, int64_t d, const float* k_new, const float* v_new,
+               const float* cos, const float* sin, uint16_t* kc, uint16_t* vc, int64_t ld, int64_t pos, float scale,
+               float* out, int nthreads) {
+    if (d % 16 || d > 256 || (cos && d % 32) || hkv <= 0 || hq % hkv || pos < 0 || pos >= ld) return -1;
+    const int64_t g = hq / hkv, n = pos + 1, half = d / 2;
+    // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1].
+    auto rope = [&](const float* x, float* y) {
+        for (int64_t c = 0; c < half; c += 16) {
+            const __m512 a = _mm512_loadu_ps(x + c), b = _mm512_loadu_ps(x + half + c);
+            _mm512_storeu_ps(y + c, _mm512_fnmadd_ps(b, _mm512_loadu_ps(sin + c), _mm512_mul_ps(a, _mm512_loadu_ps(cos + c))));
+            _mm512_storeu_ps(y + half + c, _mm512_fmadd_ps(a, _mm512_loadu_ps(sin + half + c),
+                                                           _mm512_mul_ps(b, _mm512_loadu_ps(cos + half + c))));
+        }
+    };
+    auto store_f16 = [&](const float* x, uint16_t* y) {
+        for (int64_t c = 0; c < d; c += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + c), _mm512_cvtps_ph(_mm512_loadu_ps(x + c), _MM_FROUND_TO_NEAREST_INT));
+    };
+#pragma omp parallel for schedule(static) num_threads(nthreads < hkv ? nthreads : hkv)
+    for (int64_t h = 0; h < hkv; ++h) {
+        uint16_t* kh = kc + h * ld * d;
+        uint16_t* vh = vc + h * ld * d;
+        alignas(64) float tmp[256];
+        if (cos) {
+            rope(k_new + h * d, tmp);
+            store_f16(tmp, kh + pos * d);
+        } else {
+            store_f16(k_new + h * d, kh + pos * d);
+        }
+        store_f16(v_new + h * d, vh + pos * d);
+        float* s = static_cast<float*>(std::aligned_alloc(64, ((g * n + g * d) * 4 + 63) / 64 * 64));
+        float* q = s + g * n;  // the group's query rows, turned
+        for (int64_t i = 0; i < g; ++i) {
+            if (cos)
+                rope(q_in + (h * g + i) * d, q + i * d);
+            else
+                std::memcpy(q + i * d, q_in + (h * g + i) * d, d * 4);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+            // The group's query rows against a key row read from memory once.
+            const uint16_t* kr = kh + j * d;
+            for (int64_t i = 0; i < g; ++i) {
+                __m512 acc = _mm512_setzero_ps();
+                const float* qi = q + i * d;
+                for (int64_t c = 0; c < d; c += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qi + c),
+                                          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kr + c))), acc);
+                s[i * n + j] = _mm512_reduce_add_ps(acc) * scale;
+            }
+        }
+        for (int64_t i = 0; i < g; ++i) {
+            float* si = s + i * n;
+            float mx = si[0];
+            for (int64_t j = 1; j < n; ++j) mx = si[j] > mx ? si[j] : mx;
+            __m512 sum = _mm512_setzero_ps();
+            int64_t j = 0;
+            for (; j + 16 <= n; j += 16) {
+                const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(si + j), _mm512_set1_ps(mx)));
+                _mm512_storeu_ps(si + j, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            float total = _mm512_reduce_add_ps(sum);
+            for (; j < n; ++j) si[j] = std::exp(si[j] - mx), total += si[j];
+            const float inv = 1.0f / total;
+            for (j = 0; j < n; ++j) si[j] *= inv;
+        }
+        __m512 acc[4][4];  // 4 query rows x 64 of d per pass: 16 accumulators stay in registers
+        for (int64_t c0 = 0; c0 < d; c0 += 64) {
+            const int64_t cw = d - c0 < 64 ? (d - c0) / 16 : 4;
+            for (int64_t i0 = 0; i0 < g; i0 += 4) {
+                const int64_t gi = g - i0 < 4 ? g - i0 : 4;
+                for (int64_t i = 0; i < gi; ++i)
+                    for (int64_t c = 0; c < cw; ++c) acc[i][c] = _mm512_setzero_ps();
+                for (int64_t j = 0; j < n; ++j) {
+                    const uint16_t* vr = vh + j * d + c0;
+                    __m512 vv[4];
+                    for (int64_t c = 0; c < cw; ++c)
+                        vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr + 16 * c)));
+                    for (int64_t i = 0; i < gi; ++i) {
+                        const __m512 p = _mm512_set1_ps(s[(i0 + i) * n + j]);
+                        for (int64_t c = 0; c < cw; ++c) acc[i][c] = _mm512_fmadd_ps(p, vv[c], acc[i][c]);
+                    }
+                }
+                for (int64_t i = 0; i < gi; ++i)
+                    for (int64_t c = 0; c < cw; ++c) _mm512_storeu_ps(out + (h * g + i0 + i) * d + c0 + 16 * c, acc[i][c]);
+            }
+        }
+        std::free(s);
+    }
+    return 0;
+}
+
+
+// One Llama block's matrices and norms for gguf_decode (prepared once at load, engine/gguf_weights.py):
+// products 0 = [q; k; v] (with the input norm folded, bias optional), 1 = o, 2 = [gate; up]
+// (post-attention norm folded, SwiGLU), 3 = down; each product 1-3 matrices of K columns.
+struct DecodeLayer {
+    const uint8_t* w[7];
+    int64_t rows[7], row_bytes[7];
+    int qtypes[7];
+    int nmat[4];  // matrices per product, in the order of w
+    const float* norm_in;
+    const float* norm_post;
+    const float* qkv_bias;
+    float eps;
+};
+
+// A decode step through n_layers Llama blocks, in place on x [hidden] (fp32): per layer
+// x += o(attention(rope(qkv(norm(x))))), x += down(swiglu(gate_up(norm(x)))), the new k and v
+// written as fp16 at row pos of the layer's cache (kc, vc: [n_layers, hkv, ld, d]). One call
+// per step instead of about ten torch ops and four product calls per layer from Python.
+int gguf_decode(const DecodeLayer* layers, int n_layers, float* x, int64_t hidden, int64_t hq, int64_t hkv,
+                int64_t d, int64_t inter, uint16_t* kc, uint16_t* vc, int64_t ld, int64_t pos, const float* cos,
+                const float* sin, int nthreads) {
+    const int64_t nq = hq * d, nkv = hkv * d, wide = nq + 2 * nkv > 2 * inter ? nq + 2 * nkv : 2 * inter;
+    float* buf = static_cast<float*>(std::aligned_alloc(64, ((wide + nq + hidden) * 4 + 63) / 64 * 64));
+    float* big = buf;               // qkv, then gate/up
+    float* att = buf + wide;        // attention output [hq * d]
+    float* delta = att + nq;        // o or down output [hidden]
+    int rc = 0;
+    for (int l = 0; l < n_layers && rc == 0; ++l) {
+        const DecodeLayer& L = layers[l];
+        const uint8_t* const* w = L.w;
+        const int64_t* rows = L.rows;
+        const int64_t* rb = L.row_bytes;
+        const int* qt = L.qtypes;
+        rc |= gguf_mm(x, 1, hidden, L.nmat[0], w, rows, rb, qt, big, nq + 2 * nkv, nthreads, L.norm_in, L.eps,
+                      L.qkv_bias, 0);
+        const int64_t at1 = L.nmat[0], at2 = at1 + L.nmat[1], at3 = at2 + L.nmat[2];
+        const int64_t cache = static_cast<int64_t>(l) * hkv * ld * d;
+        rc |= attend_f16(big, hq, hkv, d, big + nq, big + nq + nkv, cos, sin, kc + cache, vc + cache, ld, pos,
+                         1.0f / std::sqrt(static_cast<float>(d)), att, nthreads);
+        rc |= gguf_mm(att, 1, nq, L.nmat[1], w + at1, rows + at1, rb + at1, qt + at1, delta, hidden, nthreads,
+                      nullptr, 0.0f, nullptr, 0);
+        for (int64_t i = 0; i < hidden; ++i) x[i] += delta[i];
+        rc |= gguf_mm(x, 1, hidden, L.nmat[2], w + at2, rows + at2, rb + at2, qt + at2, big, 2 * inter, nthreads,
+                      L.norm_post, L.eps, nullptr, 1);
+        rc |= gguf_mm(big, 1, inter, L.nmat[3], w + at3, rows + at3, rb + at3, qt + at3, delta, hidden, nthreads,
+                      nullptr, 0.0f, nullptr, 0);
+        for (int64_t i = 0; i < hidden; ++i) x[i] += delta[i];
+    }
+    std::free(buf);
+    return rc;
 }
 
 }  // extern "C"

@@ -9,6 +9,8 @@ torch's thread count and pool. Where there is no compiler or the CPU lacks AVX-5
 `library()` is None and the caller keeps dequantised weights (engine/gguf_weights.py).
 
 naive_gguf.py is the reference: the same products on weights dequantised by the `gguf` package.
+The library also holds a decode step's attention over an fp16 KV cache (`attend_f16`) and a whole
+decode step through a Llama model's blocks (`gguf_decode`, engine/gguf_weights.DecodeStep).
 """
 
 from __future__ import annotations
@@ -121,6 +123,10 @@ def _load() -> ctypes.CDLL:
     dll.gguf_mm.argtypes = [ptr, i64, i64, ctypes.c_int, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_int,
                             ptr, ctypes.c_float, ptr, ctypes.c_int]
     dll.gguf_dequant.argtypes = [ptr, i64, ctypes.c_int, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
+    dll.gguf_decode.argtypes = [ptr, ctypes.c_int, ptr, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr,
+                                ctypes.c_int]
+    dll.attend_f16.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float, ptr,
+                               ctypes.c_int]
     return dll
 
 
@@ -262,4 +268,32 @@ def dequantize(w: GGUFMatrix, n0: int = 0, n1: int | None = None,
                           int(dtype == torch.bfloat16), torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"cannot dequantise GGML type {w.qtype} with {w.cols} columns")
+    return out
+
+
+
+def attend_f16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: int,
+               cos: torch.Tensor | None = None, sin: torch.Tensor | None = None) -> torch.Tensor:
+    """A decode step's attention over an fp16 KV cache: q [Hq, D], the new k and v [Hkv, D] (fp32,
+    before RoPE) turned by cos/sin [D] (HF's rotate-half layout; none when cos is None), k and v
+    stored as fp16 at row `pos` of kc/vc [Hkv, capacity, D], then softmax(q k^T / sqrt(D)) v over
+    rows 0..pos -> [Hq, D] fp32. Query head h reads KV head h // (Hq / Hkv)."""
+    lib = library()
+    if lib is None:
+        raise UnavailableError(unavailable())
+    hq, d = q.shape
+    hkv, cap, _ = kc.shape
+    if kc.dtype != torch.float16 or vc.shape != kc.shape or vc.dtype != torch.float16 or kc.shape[2] != d \
+            or not (kc.is_contiguous() and vc.is_contiguous()) or k.shape != (hkv, d) or v.shape != (hkv, d):
+        raise ValueError(f"cache {tuple(kc.shape)} {kc.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                         f"do not fit q {tuple(q.shape)}")
+    q, k, v = (t.contiguous().float() for t in (q, k, v))
+    if cos is not None:
+        cos, sin = cos.reshape(d).contiguous().float(), sin.reshape(d).contiguous().float()
+    out = torch.empty(hq, d, dtype=torch.float32)
+    rc = lib.attend_f16(q.data_ptr(), hq, hkv, d, k.data_ptr(), v.data_ptr(),
+                        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
+                        kc.data_ptr(), vc.data_ptr(), cap, pos, d ** -0.5, out.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"attend_f16 cannot take q {tuple(q.shape)} at {pos} of a {tuple(kc.shape)} cache")
     return out
