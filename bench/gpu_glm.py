@@ -841,7 +841,8 @@ def main() -> None:
     ap.add_argument("--e2e", action="store_true",
                     help="GLM-4.7-Flash through the CLI first (bench/gpu.py's e2e: a ~--e2e-tokens document, "
                          "`docqa ingest`, `docqa ask --read-all` twice), then `engine bench` at the document's "
-                         "length: issue 30's ratios")
+                         "length: issue 30's ratios. With --smoke ~35 min on a shared CPU: the bench of the "
+                         "document's ~1.8K byte-level tokens runs in the Triton interpreter")
     ap.add_argument("--e2e-tokens", type=int, default=128000)
     ap.add_argument("--dense-contexts", type=int, nargs="*", default=[32768],
                     help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
