@@ -69,6 +69,10 @@ def stage(name: str, fn, *a, **k):
         return None
 
 
+def ratio(a, b):
+    return round(a / b, 3) if a and b else None
+
+
 def hf_config(arch: str, max_pos: int):
     import transformers
 
@@ -251,29 +255,36 @@ def make_document(path: Path, tokenizer, target_tokens: int) -> int:
     return n
 
 
-def e2e(ckpt: Path, target_tokens: int, work: Path) -> dict:
-    """`docqa ingest` a ~128K-token document, then `docqa ask --read-all` twice, each a new process."""
+E2E_QUESTIONS = ("What amount must the Supplier pay under Schedule 12?", "Which party may terminate under Article 7?",
+                 "What notice period applies to termination for convenience?")
+
+
+def e2e(ckpt: Path, target_tokens: int, work: Path, device: str = "cuda", retrieved: bool = True, again: bool = True,
+        served: bool = True) -> dict:
+    """`docqa ingest` a ~target-token document, then `docqa ask --read-all` twice ("first", "second"),
+    each a new process; with `retrieved` a default `ask` after them; with `again` the first question
+    once more with the document's cached KV removed (a first call once this machine has compiled
+    the kernels); with `served` two more through `docqa serve`. Each call names its role."""
     from docqa.engine import Engine
 
     doc = work / "long_agreement.txt"
     tokens = make_document(doc, Engine.load_tokenizer(ckpt), target_tokens)
     env = dict(os.environ, DOCQA_DB=str(work / "e2e.db"), DOCQA_MODEL=str(ckpt), XDG_CACHE_HOME=str(work / "cache"),
-               DOCQA_DEVICE="cuda")
+               DOCQA_DEVICE=device)
     cli = [sys.executable, "-c", "from docqa.app.cli import main; main()"]
     t0 = time.time()
     r = subprocess.run(cli + ["ingest", str(doc)], env=env, capture_output=True, text=True)
     say(f"   ingest: rc {r.returncode}, {time.time() - t0:.1f} s {r.stderr.strip()[-200:]}")
     out = {"document_tokens": tokens, "ingest_s": time.time() - t0, "calls": []}
+    if r.returncode:
+        raise RuntimeError("docqa ingest failed: " + r.stderr[-400:])
     triton_cache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     kernels = lambda: {p.name for p in triton_cache.rglob("*.json")} if triton_cache.exists() else set()
-    # twice on the whole document, then the default path, then the document again with its
-    # cached KV removed: a first call in a new process once this machine has compiled the kernels
-    calls = [["--read-all"], ["--read-all"], [], ["--read-all"]]
-    for q, flags in zip(("What amount must the Supplier pay under Schedule 12?",
-                         "Which party may terminate under Article 7?",
-                         "What notice period applies to termination for convenience?",
-                         "What amount must the Supplier pay under Schedule 12?"), calls):
-        if len(out["calls"]) == 3:
+    q1, q2, q3 = E2E_QUESTIONS
+    calls = [("first", q1, ["--read-all"]), ("second", q2, ["--read-all"]),
+             *([("retrieved", q3, [])] if retrieved else []), *([("again", q1, ["--read-all"])] if again else [])]
+    for role, q, flags in calls:
+        if role == "again":
             shutil.rmtree(work / "cache" / "docqa" / "kv", ignore_errors=True)
         compiled = kernels()
         t0 = time.time()
@@ -281,7 +292,7 @@ def e2e(ckpt: Path, target_tokens: int, work: Path) -> dict:
                            capture_output=True, text=True)
         wall = time.time() - t0
         added = sorted(kernels() - compiled)
-        call = {"question": q, "flags": flags, "rc": r.returncode, "wall_s": wall,
+        call = {"role": role, "question": q, "flags": flags, "rc": r.returncode, "wall_s": wall,
                 "triton_cache_files_added": len(added), "kernels_compiled": added}
         try:
             run = json.loads(r.stdout)
@@ -292,10 +303,47 @@ def e2e(ckpt: Path, target_tokens: int, work: Path) -> dict:
         say(f"   ask {' '.join(flags)}: rc {r.returncode}, wall {wall:.1f} s, {len(added)} kernel files compiled "
             f"{added}, timings {call.get('timings')}")
         out["calls"].append(call)
-    out["served"] = served_read_all(cli, env, doc)
-    if any(c["rc"] for c in out["calls"] + out["served"]["calls"]):
-        bad = next(c for c in out["calls"] + out["served"]["calls"] if c["rc"])
+    served_calls = []
+    if served:
+        out["served"] = served_read_all(cli, env, doc, device)
+        served_calls = out["served"]["calls"]
+    if any(c["rc"] for c in out["calls"] + served_calls):
+        bad = next(c for c in out["calls"] + served_calls if c["rc"])
         raise RuntimeError("docqa ask failed: " + bad["stderr_tail"])
+    return out
+
+
+def e2e_vs_bench(e2e_out: dict, bench: dict) -> dict:
+    """`e2e`'s `--read-all` calls beside `engine bench` of the same checkpoint in the same run:
+    the first call's document prefill (and the "again" call's, where run) over the bench's (at the
+    document's own prefix length, so both prefill the same tokens), the second call's first token
+    (the document from the prefix cache), and each call's answer decode ms/token after its first
+    token (the bench's formula)."""
+    roles = {c["role"]: c.get("timings") or {} for c in e2e_out["calls"]}
+    first, second, last = roles["first"], roles["second"], roles.get("again", {})
+    per_token = lambda t: t["decode_s"] / max(t["generated_tokens"] - 1, 1) * 1e3 if "decode_s" in t else None
+    prefill = lambda t: t.get("document_prefill_s")
+    out = {"document_tokens": first.get("prefix_tokens"), "bench_context": bench["context"],
+           "bench_prefill_s": bench["prefill_s"], "bench_decode_ms_per_token": bench["decode_ms_per_token"],
+           "bench_first_token_s": bench["first_token_s"],
+           "first_call_document_prefill_s": prefill(first),
+           "first_call_prefill_over_bench": ratio(prefill(first), bench["prefill_s"]),
+           "again_call_document_prefill_s": prefill(last),
+           "again_call_prefill_over_bench": ratio(prefill(last), bench["prefill_s"]),
+           "second_call_cached_tokens": second.get("cached_tokens"),
+           "second_call_first_token_s": second.get("first_token_s"),
+           "decode_ms_per_token": {"first_call": per_token(first), "second_call": per_token(second),
+                                   "again_call": per_token(last)},
+           "generated_tokens": [t.get("generated_tokens") for t in (first, second, last)],
+           "load_model_s": [t.get("load_model_s") for t in (first, second, last)]}
+    num = lambda v, f=".2f": "-" if v is None else format(v, f)
+    dec = out["decode_ms_per_token"]
+    say(f"   ask --read-all vs engine bench @ {bench['context']}: document prefill, first call "
+        f"{num(prefill(first))} s = {out['first_call_prefill_over_bench']}x the bench's {bench['prefill_s']:.2f} s"
+        f"{f', again {num(prefill(last))} s' if last else ''} (target <= 1.15x); second call's first token "
+        f"{num(second.get('first_token_s'), '.3f')} s, {num(second.get('cached_tokens'), '.0f')} tokens cached "
+        f"(target <= 0.5 s); answer decode {num(dec['first_call'])} / {num(dec['second_call'])} ms/token (first / "
+        f"second call; bench {bench['decode_ms_per_token']:.2f}; target <= 10)")
     return out
 
 
@@ -309,10 +357,10 @@ def summarize_speed(ckpt: Path, pdf: Path) -> dict:
     return json.loads(r.stdout)
 
 
-def served_read_all(cli, env, doc: Path) -> dict:
+def served_read_all(cli, env, doc: Path, device: str = "cuda") -> dict:
     """The same two `--read-all` questions through `docqa serve` (one process keeps the engine
     and the document's live KV; each `ask` is a new client process)."""
-    serve = subprocess.Popen(cli + ["serve", "--port", "0", "--device", "cuda"], env=env, stderr=subprocess.PIPE,
+    serve = subprocess.Popen(cli + ["serve", "--port", "0", "--device", device], env=env, stderr=subprocess.PIPE,
                              text=True)
     t0 = time.time()
     try:

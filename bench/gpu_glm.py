@@ -31,6 +31,11 @@ does (engine/gpu/glm.py `GlmCudaDecoder`), and timed:
     matrix each; written here by quantising the random bf16 checkpoint, `quantize_blocks`), and
     the bf16 checkpoint it came from, each loaded and timed in this run (DSA at --fp8-contexts):
     decode ms/token, prefill s, weight GiB on the GPU, and FP8 / bf16 ratios.
+(d) with --e2e: GLM-4.7-Flash through the CLI before (a)'s engine is loaded (bench/gpu.py's `e2e`:
+    a ~128K-token document, `docqa ingest`, `docqa ask --read-all` twice, each a new process), then
+    `engine bench` at the document's own length in the same run (`e2e_vs_bench`): the first call's
+    document prefill over the bench's, the second call's first token (the document from the
+    prefix cache), answer decode ms/token — issue 30's GLM targets.
 
 Exits non-zero when a stage fails; prints JSON (and writes it with --json).
 
@@ -38,6 +43,8 @@ Exits non-zero when a stage fails; prints JSON (and writes it with --json).
     python3 bench/gpu_glm.py --smoke   (the same code on the CPU at tiny sizes under the Triton
                                         interpreter: ~5 min on an idle core, mostly decode steps)
     python3 bench/gpu_glm.py --parts glm5-fp8 --json /tmp/out/gpu_glm_fp8.json   (FP8 vs bf16 only)
+    python3 bench/gpu_glm.py --parts flash --e2e --contexts --dense-contexts --hf-contexts \
+        --check-context 0 --json /tmp/out/gpu_glm_e2e.json          (ask --read-all vs engine bench only)
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu import FAILED, RESULTS, hf_measure, say, stage  # noqa: E402  (shared with bench/gpu.py)
+from gpu import FAILED, RESULTS, e2e, e2e_vs_bench, hf_measure, ratio, say, stage  # noqa: E402  (bench/gpu.py's)
 
 FLASH = dict(hidden_size=2048, intermediate_size=10240, moe_intermediate_size=1536, num_hidden_layers=47,
              num_attention_heads=20, num_key_value_heads=20, n_shared_experts=1, n_routed_experts=64,
@@ -622,17 +629,14 @@ def dump(path: str | None) -> None:
         Path(path).write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
-def ratio(a, b):
-    return round(a / b, 3) if a and b else None
-
-
 def run_flash(a, device, tokenizer_dir, work) -> None:
     from docqa.engine.benchmark import context_benchmark
 
     r = RESULTS["glm4.7-flash"] = {"shape": dict(a.flash_shape)}
     ckpt = work / "glm4.7-flash"
     model = stage("flash: write checkpoint (transformers)", write_checkpoint, "flash", a.flash_shape, ckpt,
-                  tokenizer_dir, device, max(a.contexts) + 8192, keep=bool(a.hf_contexts))
+                  tokenizer_dir, device, max([*a.contexts, a.e2e_tokens if a.e2e else 0]) + 8192,
+                  keep=bool(a.hf_contexts))
     if not (ckpt / "config.json").exists():
         return
     if model is not None:
@@ -640,6 +644,16 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    contexts, doc_n = list(a.contexts), 0
+    if a.e2e:
+        # before the engine is loaded here, as in bench/gpu.py: the first `docqa ask` meets this
+        # machine's Triton cache as a user's would; the engine bench below is its reference
+        r["e2e"] = stage("flash: e2e ingest + ask --read-all x2", e2e, ckpt, a.e2e_tokens, work, str(device),
+                         retrieved=False, again=False, served=False)
+        doc_n = int(((r["e2e"] or {"calls": [{}]})["calls"][0].get("timings") or {}).get("prefix_tokens", 0))
+        if doc_n and doc_n not in contexts:
+            contexts.append(doc_n)  # the bench at the document's own length: the same tokens prefilled
+        dump(a.json)
     engine = stage("flash: Engine.load", load_engine, ckpt, device)
     if engine is None:
         return
@@ -654,7 +668,7 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
         if res:
             say(f"   dense MLA @ {n}: prefill {res['prefill_s']:.2f} s, decode {res['decode_ms']:.2f} ms/token")
         dump(a.json)
-    for n in a.contexts:
+    for n in contexts:
         res = stage(f"flash: engine bench --context {n}", context_benchmark, engine, n,
                     question_tokens=a.question_tokens, decode_tokens=a.decode_tokens, say=say)
         r[f"bench_{n}"] = res
@@ -671,6 +685,9 @@ def run_flash(a, device, tokenizer_dir, work) -> None:
                 r[f"vs_hf_{n}"] = {"prefill_speedup": ratio(hf["prefill_s"], res["prefill_s"]),
                                    "decode_speedup": ratio(hf["decode_ms"], res["decode_ms_per_token"])}
                 say(f"   vs HF @ {n}: {r[f'vs_hf_{n}']}")
+        dump(a.json)
+    if r.get("e2e") and r.get(f"bench_{doc_n}"):
+        r["e2e_vs_bench"] = stage("flash: ask --read-all vs engine bench", e2e_vs_bench, r["e2e"], r[f"bench_{doc_n}"])
         dump(a.json)
     if a.profile_context:
         r["profile"] = stage(f"flash: profile of a prefill chunk @ {a.profile_context}", prefill_profile, engine,
@@ -820,7 +837,13 @@ def main() -> None:
                          "the routed prefill attention kernel alone at GLM-4.7-Flash's dims, per tile")
     ap.add_argument("--tiles", nargs="*", default=[],
                     help="extra (BLOCK_M,BLOCK_N,warps,stages) tiles for --parts attention, as 64,32,8,2")
-    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072], help="GLM-4.7-Flash contexts")
+    ap.add_argument("--contexts", type=int, nargs="*", default=[32768, 131072], help="GLM-4.7-Flash contexts")
+    ap.add_argument("--e2e", action="store_true",
+                    help="GLM-4.7-Flash through the CLI first (bench/gpu.py's e2e: a ~--e2e-tokens document, "
+                         "`docqa ingest`, `docqa ask --read-all` twice), then `engine bench` at the document's "
+                         "length: issue 30's ratios. With --smoke ~35 min on a shared CPU: the bench of the "
+                         "document's ~1.8K byte-level tokens runs in the Triton interpreter")
+    ap.add_argument("--e2e-tokens", type=int, default=128000)
     ap.add_argument("--dense-contexts", type=int, nargs="*", default=[32768],
                     help="GLM-4.7-Flash contexts also run with dense MLA (none: skip)")
     ap.add_argument("--check-context", type=int, default=8192,
@@ -850,6 +873,7 @@ def main() -> None:
     if a.smoke:
         a.flash_shape, a.glm5_shape = dict(SMOKE_FLASH), dict(SMOKE_GLM5)
         a.contexts, a.hf_contexts, a.dsa_contexts, a.dense_contexts, a.check_context = [80], [80], [48, 96], [80], 80
+        a.e2e_tokens = 200  # one article of the e2e document: ~1.3K tokens of the byte-level tokenizer
         a.fp8_contexts = [48]
         a.chunk, a.full_prefill_max, a.decode_steps, a.question_tokens, a.decode_tokens = 32, 48, 2, 8, 4
     device, tokenizer_dir, tmp = bench_setup("gpu_glm.py", a.smoke, a.tokenizer)
