@@ -235,7 +235,8 @@ def run_row(args) -> int:
         server, model = start_server(model_path(args.serve), args.device, log)
     try:
         runtime = Runtime(store)
-        settings = AskSettings(model=model, quote=not args.free_text, device=args.device)
+        margin = {} if args.abstain_margin is None else {"abstain_margin": args.abstain_margin}
+        settings = AskSettings(model=model, quote=not args.free_text, device=args.device, **margin)
         for i, q in enumerate(todo, 1):
             t = time.perf_counter()
             run = ask(runtime, [ids[q["doc"]]], q["question"], settings)
@@ -332,6 +333,11 @@ def outcome(q: dict, r: dict, keep) -> tuple[str, str]:
     holds); free text that says more than its supporting quotes shown as those quotes."""
     supporting = [c for c in r["cites"] if c["verified"] and keep(c)]
     text = r["raw"] or ""
+    own = [c for c in supporting if normalize(c["quote"]) in normalize(text)]
+    if supporting and not own:
+        # none of the model's own quotes passes: the sentence it confirmed best is shown (qa.confirmed_sentence)
+        supporting = [max(supporting, key=lambda c: c["logodds"] if c["logodds"] is not None else -99)]
+        text = f'"{supporting[0]["quote"]}"'
     quotes = [c["quote"] for c in supporting]
     if not supporting or (r["numeric"] and not answer_figure_quoted(text, quotes)):
         return "", "abstained"
@@ -544,6 +550,9 @@ def main() -> int:
     ap.add_argument("--serve", default=None, help="start `docqa serve` with this model (or eval) and ask through it")
     ap.add_argument("--device", default=None)
     ap.add_argument("--free-text", action="store_true")
+    ap.add_argument("--abstain-margin", type=float, default=None,
+                    help="AskSettings.abstain_margin (default: the product's); -inf always quotes, so "
+                         "the report can fit the margin afterwards from each answer's recorded quote_margin")
     ap.add_argument("--per-contract", default=None, metavar="A,U",
                     help="A answerable and U unanswerable questions per contract (default: all)")
     ap.add_argument("--filings", default="all", choices=("all", "held-out", "tune", "none"))

@@ -14,6 +14,7 @@
 # Calls in a row on one warm machine (it keeps what earlier calls carried): .whl + .gpu + .gpu-corpus;
 # then each .gpu-eval/gguf.NN alone; optionally .gpu-part1, .gpu-part2 (only for default-gpu, which
 # is skipped without them); then this script: bash bench/answer_eval_gpu.sh [seconds for eval-gpu]
+# The rows' budgets (210 + 120 + 90 + 60 s) and the set-up keep one call under 9 minutes.
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/eval /tmp/answers
 TESTS=0 bash bench/gpu_run.sh || exit 1   # installs the wheels, joins the default GGUF (/tmp/default.gguf)
@@ -23,7 +24,7 @@ GGUF=/tmp/eval/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 ls -l "$GGUF" | tee "$OUT/eval.log"
 ARGS=(--device cuda --corpus .gpu-corpus --db /tmp/answers.db --dir /tmp/answers --jobs 16)
 row() { local secs=$1; shift; timeout "$secs" python3 bench/answer_eval.py "$@" "${ARGS[@]}" 2>&1 | tail -20 >> "$OUT/eval.log"; }
-row "${1:-240}" --row eval-gpu --model eval --workers 8               # every question
+row "${1:-210}" --row eval-gpu --model eval --workers 8               # every question
 [ -f /tmp/default.gguf ] && row 120 --row default-gpu --workers 8     # every question
 row 90 --row free-text-gpu --model eval --free-text --workers 8       # every question
 row 60 --row server-gpu --serve eval --per-contract 2,1 --filings held-out

@@ -175,7 +175,11 @@ def answer_question(
     quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
     raw = generate(messages, plan_for(quotable, with_doc=len(docs) > 1)) if quote else generate(messages)
     t2 = time.perf_counter()
-    answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check, confirm=confirm)
+    need = for_documents(need_of(question), docs.values())
+    answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check, need=need,
+                          confirm=confirm)
+    if answer.status != "answered" and support_check and confirm is not None:
+        answer = confirmed_sentence(answer, docs, ctx.passages[:ASK_PASSAGES], need, confirm) or answer
     t3 = time.perf_counter()
     answer.context_tokens = ctx.tokens
     answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1, verify_s=t3 - t2)
@@ -236,6 +240,46 @@ def check_answer(
         return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
     common.update(citations=[], draft_citations=citations)
     return Answer(status="unsupported", answer=None, **common)
+
+
+# When the model's own answer is withheld, the sentences of the best-ranked passages it read
+# (this many passages, at most ASK_SENTENCES sentences that pass the rules) are each put to its
+# yes/no verdict; a sentence is a far smaller question than finding the clause in the context.
+ASK_PASSAGES = 3
+ASK_SENTENCES = 6
+ASK_MAX_CHARS = 500  # longer sentences are asked about clause by clause (at their semicolons)
+
+
+def confirmed_sentence(answer: Answer, docs: Mapping[str, Document], passages: list[Passage], need: Need,
+                       confirm: Confirm) -> Answer | None:
+    """A withheld `answer` replaced by the sentence of `passages` that the rules pass and the
+    model confirms with the highest log-odds (at least CONFIRM_MARGIN), quoted and cited; None
+    when no sentence is confirmed. Every sentence asked about joins the draft's citations with
+    its verdict, so what was judged stays auditable."""
+    from .sentences import clauses, sentences
+
+    asked: list[Citation] = []
+    seen: set[tuple[int, int]] = set()
+    for p in passages:
+        doc = docs[p.doc_id]
+        for whole in sentences(doc, [(p.span.char_start, p.span.char_end)]):
+            for s in clauses(doc, whole, ASK_MAX_CHARS):
+                if len(s.parts) != 1 or (s.start, s.end) in seen or len(asked) >= ASK_SENTENCES:
+                    continue
+                seen.add((s.start, s.end))
+                c = relocate(doc, (s.start, s.end), quote=s.text)
+                if why_not(c.quote, doc.text[s.start:s.end], need) is not None:
+                    continue
+                c = c.model_copy(update={"relocated": False, "segment_id": segment_of(doc, s.start)})
+                asked.append(judge(c, doc, need, answer.question, confirm))
+    best = max((c for c in asked if c.supports), key=lambda c: c.confirm_logodds, default=None)
+    draft = answer.citations + answer.draft_citations
+    if best is None:
+        return answer.model_copy(update={"draft_citations": draft + asked}) if asked else None
+    multi = len(docs) > 1
+    return answer.model_copy(update={
+        "status": "answered", "answer": f'"{best.quote}" {best.label(with_doc=multi)}', "citations": [best],
+        "draft_citations": draft + [c for c in asked if c is not best]})
 
 
 def judge(c: Citation, doc: Document, need: Need, question: str | None = None,
