@@ -534,8 +534,9 @@ COMMANDS = [
     "bench/results/ask_all_2026-11-30-s4.jsonl bench/results/ask_financebench.jsonl",
     ".venv/bin/python bench/answer_eval.py --row eval-rejudged --model eval --db /tmp/rejudge.db --rejudge "
     "bench/results/ask_all_2026-11-30-s4.jsonl bench/results/ask_financebench.jsonl",
-    ".venv/bin/python bench/answer_eval.py --row default --per-contract 3,2 --filings held-out --part held-out",
-    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 1,1 --filings none --part held-out",
+    ".venv/bin/python bench/answer_eval.py --row default --per-contract 1,1 --filings none --part held-out",
+    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 1,1 --filings none --part tune",
+    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 2,1 --filings none --part held-out",
     "bash bench/answer_eval_gpu.sh      # on the H200 (rows eval-gpu, default-gpu, free-text-gpu, server-gpu)",
     ".venv/bin/python bench/answer_eval.py --report --out bench/results/answers.md",
 ]

@@ -41,6 +41,7 @@ def test_the_sentence_the_model_confirms_is_shown_verified_when_its_own_answer_i
     ans = answer_question(QUESTION, DOCS, _ranked(), lambda m, p: NOT_FOUND_ANSWER, quote=True,
                           support_check=True, confirm=_confirm_if("Ohio", asked))
     assert ans.status == "answered", ans
+    assert ans.raw_answer == NOT_FOUND_ANSWER  # what the model itself wrote stays on record
     (c,) = ans.citations
     assert c.verified and c.supports and c.confirm_logodds >= CONFIRM_MARGIN
     assert "governed in all respects by the laws of the State of Ohio" in c.quote
@@ -58,8 +59,8 @@ def test_nothing_is_shown_when_the_model_confirms_no_sentence():
     asked = []
     ans = answer_question(QUESTION, DOCS, _ranked(), lambda m, p: NOT_FOUND_ANSWER, quote=True,
                           support_check=True, confirm=_confirm_if("no such words", asked))
-    assert ans.status == "not_found" and not ans.citations
-    assert asked and all(c.supports is False for c in ans.draft_citations)  # what was asked stays auditable
+    assert asked and ans.status == "not_found" and not ans.citations
+    assert not ans.draft_citations and ans.draft is None  # the model said "Not found": no draft of its own
 
 
 def test_a_confirmed_answer_of_the_model_itself_is_kept():

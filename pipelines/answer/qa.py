@@ -253,9 +253,8 @@ ASK_MAX_CHARS = 500  # longer sentences are asked about clause by clause (at the
 def confirmed_sentence(answer: Answer, docs: Mapping[str, Document], passages: list[Passage], need: Need,
                        confirm: Confirm) -> Answer | None:
     """A withheld `answer` replaced by the sentence of `passages` that the rules pass and the
-    model confirms with the highest log-odds (at least CONFIRM_MARGIN), quoted and cited; None
-    when no sentence is confirmed. Every sentence asked about joins the draft's citations with
-    its verdict, so what was judged stays auditable."""
+    model confirms with the highest log-odds (at least CONFIRM_MARGIN), quoted and cited, the
+    model's own answer kept as the draft; None when no sentence is confirmed."""
     from .sentences import clauses, sentences
 
     asked: list[Citation] = []
@@ -273,13 +272,11 @@ def confirmed_sentence(answer: Answer, docs: Mapping[str, Document], passages: l
                 c = c.model_copy(update={"relocated": False, "segment_id": segment_of(doc, s.start)})
                 asked.append(judge(c, doc, need, answer.question, confirm))
     best = max((c for c in asked if c.supports), key=lambda c: c.confirm_logodds, default=None)
-    draft = answer.citations + answer.draft_citations
     if best is None:
-        return answer.model_copy(update={"draft_citations": draft + asked}) if asked else None
-    multi = len(docs) > 1
+        return None
     return answer.model_copy(update={
-        "status": "answered", "answer": f'"{best.quote}" {best.label(with_doc=multi)}', "citations": [best],
-        "draft_citations": draft + [c for c in asked if c is not best]})
+        "status": "answered", "answer": f'"{best.quote}" {best.label(with_doc=len(docs) > 1)}', "citations": [best],
+        "draft_citations": answer.citations + answer.draft_citations})
 
 
 def judge(c: Citation, doc: Document, need: Need, question: str | None = None,
