@@ -150,7 +150,7 @@ def record(q: dict, run, docs: dict, wall: float) -> dict:
     on the same answers without asking again."""
     need = for_documents(need_of(q["question"]), docs.values())
     cites = []
-    for role, cs in (("answer", run.citations), ("draft", run.draft_citations)):
+    for role, cs in (("answer", run.citations), ("draft", run.draft_citations), ("asked", run.asked)):
         for c in cs:
             rules = judge(c, docs[c.doc_id], need).supports if c.verified else False
             cites.append(dict(role=role, page=c.span.page, quote=c.quote, verified=c.verified, supports=c.supports,

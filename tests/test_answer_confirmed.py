@@ -61,6 +61,7 @@ def test_nothing_is_shown_when_the_model_confirms_no_sentence():
                           support_check=True, confirm=_confirm_if("no such words", asked))
     assert asked and ans.status == "not_found" and not ans.citations
     assert not ans.draft_citations and ans.draft is None  # the model said "Not found": no draft of its own
+    assert len(ans.asked) == len(asked) and not any(c.supports for c in ans.asked)  # kept for measuring the margin
 
 
 def test_a_confirmed_answer_of_the_model_itself_is_kept():

@@ -52,6 +52,9 @@ class Answer(BaseModel):
     # A withheld answer's citations (verified, none supporting), shown with --show-draft.
     draft_citations: list[Citation] = Field(default_factory=list)
     evidence: list[Citation] = Field(default_factory=list)  # ranked passages, verified
+    # The sentences put to the model's verdict when its own answer was withheld (confirmed_sentence),
+    # each with its log-odds: for measuring where the margin should sit; not stored.
+    asked: list[Citation] = Field(default_factory=list)
     context_tokens: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
 
@@ -179,7 +182,7 @@ def answer_question(
     answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check, need=need,
                           confirm=confirm)
     if answer.status != "answered" and support_check and confirm is not None:
-        answer = confirmed_sentence(answer, docs, ctx.passages[:ASK_PASSAGES], need, confirm) or answer
+        answer = confirmed_sentence(answer, docs, ctx.passages[:ASK_PASSAGES], need, confirm)
     t3 = time.perf_counter()
     answer.context_tokens = ctx.tokens
     answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1, verify_s=t3 - t2)
@@ -251,10 +254,11 @@ ASK_MAX_CHARS = 500  # longer sentences are asked about clause by clause (at the
 
 
 def confirmed_sentence(answer: Answer, docs: Mapping[str, Document], passages: list[Passage], need: Need,
-                       confirm: Confirm) -> Answer | None:
+                       confirm: Confirm) -> Answer:
     """A withheld `answer` replaced by the sentence of `passages` that the rules pass and the
     model confirms with the highest log-odds (at least CONFIRM_MARGIN), quoted and cited, the
-    model's own answer kept as the draft; None when no sentence is confirmed."""
+    model's own answer kept as the draft; else `answer` as it was. Either way `asked` holds every
+    sentence put to the model, with its verdict."""
     from .sentences import clauses, sentences
 
     asked: list[Citation] = []
@@ -273,10 +277,10 @@ def confirmed_sentence(answer: Answer, docs: Mapping[str, Document], passages: l
                 asked.append(judge(c, doc, need, answer.question, confirm))
     best = max((c for c in asked if c.supports), key=lambda c: c.confirm_logodds, default=None)
     if best is None:
-        return None
+        return answer.model_copy(update={"asked": asked})
     return answer.model_copy(update={
         "status": "answered", "answer": f'"{best.quote}" {best.label(with_doc=len(docs) > 1)}', "citations": [best],
-        "draft_citations": answer.citations + answer.draft_citations})
+        "draft_citations": answer.citations + answer.draft_citations, "asked": asked})
 
 
 def judge(c: Citation, doc: Document, need: Need, question: str | None = None,
