@@ -271,10 +271,9 @@ def confirmed_sentence(answer: Answer, docs: Mapping[str, Document], passages: l
                     continue
                 seen.add((s.start, s.end))
                 c = relocate(doc, (s.start, s.end), quote=s.text)
-                if why_not(c.quote, doc.text[s.start:s.end], need) is not None:
-                    continue
                 c = c.model_copy(update={"relocated": False, "segment_id": segment_of(doc, s.start)})
-                asked.append(judge(c, doc, need, answer.question, confirm))
+                if judge(c, doc, need).supports:  # the rules first (a table row's years included): no prefill for the rest
+                    asked.append(judge(c, doc, need, answer.question, confirm))
     best = max((c for c in asked if c.supports), key=lambda c: c.confirm_logodds, default=None)
     if best is None:
         return answer.model_copy(update={"asked": asked})
