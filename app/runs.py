@@ -51,6 +51,7 @@ class Run(BaseModel):
     citations: list[Citation] = Field(default_factory=list)
     evidence: list[Citation] = Field(default_factory=list)
     draft_citations: list[Citation] = Field(default_factory=list)  # a withheld answer's (raw_answer's)
+    asked: list[Citation] = Field(default_factory=list)  # qa.Answer.asked, for benchmarks; not stored
     timings: dict[str, float] = Field(default_factory=dict)
     created_at: str
     job_id: str | None = None
@@ -103,6 +104,7 @@ def save_run(
         citations=answer.citations,
         evidence=answer.evidence,
         draft_citations=answer.draft_citations,
+        asked=answer.asked,
         timings=answer.timings,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         job_id=job_id,

@@ -150,7 +150,7 @@ def record(q: dict, run, docs: dict, wall: float) -> dict:
     on the same answers without asking again."""
     need = for_documents(need_of(q["question"]), docs.values())
     cites = []
-    for role, cs in (("answer", run.citations), ("draft", run.draft_citations)):
+    for role, cs in (("answer", run.citations), ("draft", run.draft_citations), ("asked", run.asked)):
         for c in cs:
             rules = judge(c, docs[c.doc_id], need).supports if c.verified else False
             cites.append(dict(role=role, page=c.span.page, quote=c.quote, verified=c.verified, supports=c.supports,
@@ -333,6 +333,11 @@ def outcome(q: dict, r: dict, keep) -> tuple[str, str]:
     holds); free text that says more than its supporting quotes shown as those quotes."""
     supporting = [c for c in r["cites"] if c["verified"] and keep(c)]
     text = r["raw"] or ""
+    own = [c for c in supporting if normalize(c["quote"]) in normalize(text)]
+    if supporting and not own:
+        # none of the model's own quotes passes: the sentence it confirmed best is shown (qa.confirmed_sentence)
+        supporting = [max(supporting, key=lambda c: c["logodds"] if c["logodds"] is not None else -99)]
+        text = f'"{supporting[0]["quote"]}"'
     quotes = [c["quote"] for c in supporting]
     if not supporting or (r["numeric"] and not answer_figure_quoted(text, quotes)):
         return "", "abstained"
@@ -529,8 +534,9 @@ COMMANDS = [
     "bench/results/ask_all_2026-11-30-s4.jsonl bench/results/ask_financebench.jsonl",
     ".venv/bin/python bench/answer_eval.py --row eval-rejudged --model eval --db /tmp/rejudge.db --rejudge "
     "bench/results/ask_all_2026-11-30-s4.jsonl bench/results/ask_financebench.jsonl",
-    ".venv/bin/python bench/answer_eval.py --row default --per-contract 3,2 --filings held-out --part held-out",
-    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 1,1 --filings none --part held-out",
+    ".venv/bin/python bench/answer_eval.py --row default --per-contract 1,1 --filings none --part held-out",
+    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 1,1 --filings none --part tune",
+    ".venv/bin/python bench/answer_eval.py --row eval-cpu --model eval --per-contract 2,1 --filings none --part held-out",
     "bash bench/answer_eval_gpu.sh      # on the H200 (rows eval-gpu, default-gpu, free-text-gpu, server-gpu)",
     ".venv/bin/python bench/answer_eval.py --report --out bench/results/answers.md",
 ]

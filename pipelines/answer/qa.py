@@ -52,6 +52,9 @@ class Answer(BaseModel):
     # A withheld answer's citations (verified, none supporting), shown with --show-draft.
     draft_citations: list[Citation] = Field(default_factory=list)
     evidence: list[Citation] = Field(default_factory=list)  # ranked passages, verified
+    # The sentences put to the model's verdict when its own answer was withheld (confirmed_sentence),
+    # each with its log-odds: for measuring where the margin should sit; not stored.
+    asked: list[Citation] = Field(default_factory=list)
     context_tokens: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
 
@@ -175,7 +178,11 @@ def answer_question(
     quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
     raw = generate(messages, plan_for(quotable, with_doc=len(docs) > 1)) if quote else generate(messages)
     t2 = time.perf_counter()
-    answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check, confirm=confirm)
+    need = for_documents(need_of(question), docs.values())
+    answer = check_answer(question, raw, docs, ctx.passages, evidence, withhold=support_check, need=need,
+                          confirm=confirm)
+    if answer.status != "answered" and support_check and confirm is not None:
+        answer = confirmed_sentence(answer, docs, ctx.passages[:ASK_PASSAGES], need, confirm)
     t3 = time.perf_counter()
     answer.context_tokens = ctx.tokens
     answer.timings.update(context_s=t1 - t0, generate_s=t2 - t1, verify_s=t3 - t2)
@@ -236,6 +243,43 @@ def check_answer(
         return Answer(status="not_found", answer=NOT_FOUND_ANSWER, **common)
     common.update(citations=[], draft_citations=citations)
     return Answer(status="unsupported", answer=None, **common)
+
+
+# When the model's own answer is withheld, the sentences of the best-ranked passages it read
+# (this many passages, at most ASK_SENTENCES sentences that pass the rules) are each put to its
+# yes/no verdict; a sentence is a far smaller question than finding the clause in the context.
+ASK_PASSAGES = 3
+ASK_SENTENCES = 6
+ASK_MAX_CHARS = 500  # longer sentences are asked about clause by clause (at their semicolons)
+
+
+def confirmed_sentence(answer: Answer, docs: Mapping[str, Document], passages: list[Passage], need: Need,
+                       confirm: Confirm) -> Answer:
+    """A withheld `answer` replaced by the sentence of `passages` that the rules pass and the
+    model confirms with the highest log-odds (at least CONFIRM_MARGIN), quoted and cited, the
+    model's own answer kept as the draft; else `answer` as it was. Either way `asked` holds every
+    sentence put to the model, with its verdict."""
+    from .sentences import clauses, sentences
+
+    asked: list[Citation] = []
+    seen: set[tuple[int, int]] = set()
+    for p in passages:
+        doc = docs[p.doc_id]
+        for whole in sentences(doc, [(p.span.char_start, p.span.char_end)]):
+            for s in clauses(doc, whole, ASK_MAX_CHARS):
+                if len(s.parts) != 1 or (s.start, s.end) in seen or len(asked) >= ASK_SENTENCES:
+                    continue
+                seen.add((s.start, s.end))
+                c = relocate(doc, (s.start, s.end), quote=s.text)
+                c = c.model_copy(update={"relocated": False, "segment_id": segment_of(doc, s.start)})
+                if judge(c, doc, need).supports:  # the rules first (a table row's years included): no prefill for the rest
+                    asked.append(judge(c, doc, need, answer.question, confirm))
+    best = max((c for c in asked if c.supports), key=lambda c: c.confirm_logodds, default=None)
+    if best is None:
+        return answer.model_copy(update={"asked": asked})
+    return answer.model_copy(update={
+        "status": "answered", "answer": f'"{best.quote}" {best.label(with_doc=len(docs) > 1)}', "citations": [best],
+        "draft_citations": answer.citations + answer.draft_citations, "asked": asked})
 
 
 def judge(c: Citation, doc: Document, need: Need, question: str | None = None,
