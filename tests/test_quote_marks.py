@@ -17,6 +17,7 @@ from docqa.pipelines.ingest.passages import make_passages
 from docqa.pipelines.textnorm import normalize
 
 from corpus import ARRAY, first_pages_doc
+from test_quote_constraint import run
 
 DATED = "dated as of May 31, 2017 (the \u201cEffective Date\u201d), is made and entered into by and between Array BioPharma Inc."
 
@@ -56,13 +57,8 @@ def _copying(table, target: str, then: list[str]):
 
 
 def _run(decoder, score, max_tokens=120):
-    out = []
-    for step in range(max_tokens):
-        token = decoder(score(step, out), out)
-        if token in decoder.table.stop_ids:
-            break
-        out.append(token)
-    return "".join(decoder.table.texts[i] for i in out)
+    """The decoded text, driven as Engine.generate does (test_quote_constraint.run)."""
+    return "".join(decoder.table.texts[i] for i in run(decoder, score, max_tokens))
 
 
 @pytest.mark.parametrize("marks", ["curly", "straight"])
