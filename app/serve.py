@@ -208,15 +208,12 @@ class ServedEngine:
         self._jobs.put(job)
 
     def _work(self) -> None:
+        from ..engine.batch import take_all
+
         session = self.engine.batch_session()
         active: dict = {}  # Request -> _Job
         while True:
-            jobs = [] if session.has_work else [self._jobs.get()]
-            while True:
-                try:
-                    jobs.append(self._jobs.get_nowait())
-                except queue.Empty:
-                    break
+            jobs = take_all(self._jobs, wait=not session.has_work)
             for job in jobs:
                 if job is None:
                     for req in active:

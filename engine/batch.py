@@ -271,6 +271,17 @@ class _Cancelled(Exception):
     """A request cancelled while `Engine.generate` runs it (raised from its token callback)."""
 
 
+def take_all(q: queue.Queue, wait: bool) -> list:
+    """Everything waiting in `q`, and with `wait` at least one item (blocking for it): a batch
+    loop takes every new request at each step, and sleeps on the queue only when it has no work."""
+    items = [q.get()] if wait else []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
 class BatchThread:
     """A `BatchSession` run by its own thread while callers on other threads each `generate` one
     request, as `Engine.generate` would (greedy: the same tokens), blocking until it ends; their
@@ -303,12 +314,7 @@ class BatchThread:
         while True:
             if closing and not session.has_work:
                 return
-            calls = [] if session.has_work else [self._new.get()]
-            while True:
-                try:
-                    calls.append(self._new.get_nowait())
-                except queue.Empty:
-                    break
+            calls = take_all(self._new, wait=not session.has_work)
             for call in calls:
                 if call is None:  # after the requests it has (a caller still waiting gets its answer)
                     closing = True
