@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .citations import Citation, cite_lines, cited_lines, find_quote, parse_citations, relocate, verify
-from .prompt import BuiltContext, approx_tokens, build_context, chat_messages
+from .prompt import FREE_TEXT_PROMPT, QUOTE_PROMPT, BuiltContext, approx_tokens, build_context, chat_messages
 from ..document import Document, Passage
 from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
@@ -172,7 +172,7 @@ def answer_question(
     ctx: BuiltContext = build_context(question, docs, passages[:read_k] if read_k else passages,
                                       budget_tokens=budget_tokens, count_tokens=count_tokens)
     t1 = time.perf_counter()
-    messages = chat_messages(question, ctx)
+    messages = chat_messages(question, ctx, QUOTE_PROMPT if quote else FREE_TEXT_PROMPT)
     # Constrained decoding only shapes what the model can write; the verifier still checks it.
     # The model reads every chosen passage; quote_from can limit its quotes to the best-ranked.
     quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
