@@ -83,6 +83,13 @@ VARIANTS = {
         "question." + _DATA,
         "Quote the sentence(s) of the excerpts about this, word for word in double quotes, each followed "
         "by its citation."),
+    # no way out offered: the best excerpt is always quoted, and the judgement (rules, yes/no) alone withholds
+    "always-quote": prompt.Prompt(
+        "You answer questions about documents using only the excerpts provided. Copy the sentence or "
+        "clause of the excerpts that best answers the question, word for word, in double quotes, "
+        "followed by the citation written above its excerpt, like [PAGE:12, LINE:30-34]." + _DATA,
+        "Quote the sentence of the excerpts that best answers this, word for word in double quotes, "
+        "followed by its citation."),
     # no citation asked for: a sentence copied from an excerpt is cited mechanically (qa._mechanical_citations)
     "quote-only": prompt.Prompt(
         "You answer questions about documents using only the excerpts provided. Reply with the "
