@@ -28,8 +28,6 @@ import argparse
 import json
 import math
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -119,15 +117,8 @@ def run_trials(args) -> int:
         print(f"prompt trials: {len(qs)} questions x {len(names)} variants, {len(todo)} questions to ask",
               file=sys.stderr, flush=True)
         ids = answer_eval.ingest(store, args.corpus, {q["doc"] for q, _ in todo}, args.jobs)
-        if args.workers > 1:  # each worker its own process and engine, on its share of the questions
-            procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--worker", str(k)])
-                     for k in range(args.workers)]
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops the workers too
-            try:
-                return max(p.wait() for p in procs)
-            finally:
-                for p in procs:
-                    p.terminate()
+        if args.workers > 1:
+            return answer_eval.run_workers(__file__, args.workers)
     else:
         todo = todo[args.worker::args.workers]
         ids = {rel: store.resolve(str(args.corpus / rel)) for rel in {q["doc"] for q, _ in todo}}
