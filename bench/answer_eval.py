@@ -203,6 +203,18 @@ def answered_ids(folder: Path, row: str) -> set[str]:
     return {json.loads(line)["id"] for f in files if f.exists() for line in f.open()}
 
 
+def run_workers(script: str, workers: int) -> int:
+    """This command again as `workers` processes of `script` (`--worker K`: each its own engine,
+    on its share of the questions; on a GPU they share it), waited for."""
+    procs = [subprocess.Popen([sys.executable, script, *sys.argv[1:], "--worker", str(k)]) for k in range(workers)]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops the workers too
+    try:
+        return max(p.wait() for p in procs)
+    finally:
+        for p in procs:
+            p.terminate()
+
+
 def run_row(args) -> int:
     qs = questions(args.corpus)
     per = tuple(int(x) for x in args.per_contract.split(",")) if args.per_contract else None
@@ -215,15 +227,8 @@ def run_row(args) -> int:
     if args.worker is None:
         print(f"{args.row}: {len(done)} done, {len(todo)} to ask", file=sys.stderr, flush=True)
         ids = ingest(store, args.corpus, {q["doc"] for q in todo}, args.jobs)
-        if args.workers > 1:  # each worker its own process and engine, on its share of the questions
-            procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--worker", str(k)])
-                     for k in range(args.workers)]
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops the workers too
-            try:
-                return max(p.wait() for p in procs)
-            finally:
-                for p in procs:
-                    p.terminate()
+        if args.workers > 1:
+            return run_workers(__file__, args.workers)
     else:
         todo = todo[args.worker::args.workers]
         ids = {rel: store.resolve(str(args.corpus / rel)) for rel in {q["doc"] for q in todo}}

@@ -12,11 +12,11 @@ unverified and is never shown as verified.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from ..document import Document, Span, Spanned
+from ..document import Document, Passage, Span, Spanned
 from ..textnorm import normalize, normalize_loose
 
 # Quotes shorter than this (after normalisation) prove nothing: "the", "30 days".
@@ -78,6 +78,7 @@ class CitedSpan(BaseModel):
     # of it (`"dated as of May 31, 2017 (the "Effective Date")"`): which marks pair up cannot be
     # told from the answer alone, so `verify` tries each against the source before `quote`.
     longer: list[str] = []
+    quoted: bool = False  # the quote is in quotation marks: the model claims these exact words
 
 
 def parse_citations(answer: str) -> list[CitedSpan]:
@@ -108,6 +109,7 @@ def parse_citations(answer: str) -> list[CitedSpan]:
                           line_start=min(l1, l2), line_end=max(l1, l2)),
                 quote=quote,
                 longer=[q for q in _readings(before) if len(q) > len(quote)] if quoted else [],
+                quoted=bool(quoted),
             )
         )
         prev_end = m.end()
@@ -197,12 +199,17 @@ def verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | Non
     return _verify(span, docs, default_doc)
 
 
-def _verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | None) -> Citation:
+def _doc_id(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | None) -> str | None:
     doc_id = span.doc_id or default_doc
     # Accept an unambiguous prefix of a doc id, as the CLI does.
     if doc_id and doc_id not in docs:
         hits = [d for d in docs if d.startswith(doc_id)]
         doc_id = hits[0] if len(hits) == 1 else doc_id
+    return doc_id
+
+
+def _verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | None) -> Citation:
+    doc_id = _doc_id(span, docs, default_doc)
     claim = span.span
     doc = docs.get(doc_id) if doc_id else None
     if doc is None:
@@ -229,6 +236,31 @@ def _verify(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | No
     if hit is None:
         return Citation(doc_id=doc_id, span=claim, quote=span.quote, note="quote not found in the document")
     return relocate(doc, hit, quote=span.quote)
+
+
+def cited_lines(span: CitedSpan, docs: Mapping[str, Document], default_doc: str | None,
+                within: Sequence[Passage]) -> Citation | None:
+    """The lines a citation names, quoted whole, when they lie inside one of the passages `within`
+    (those the model read); None otherwise, and None for a quote in quotation marks (words the
+    model says are written there and are not: a fabrication, not a pointer). For a bare
+    `[PAGE:19, LINE:20-26]`, or a label after the model's own words: the lines it points at are
+    then what is judged (verified text), never the words around the marker."""
+    if span.quoted:
+        return None
+    doc_id = _doc_id(span, docs, default_doc)
+    doc = docs.get(doc_id) if doc_id else None
+    page_n = _page_for(doc, span.span) if doc is not None else None
+    if page_n is None:
+        return None
+    lines = doc.page(page_n).lines
+    a, b = span.span.line_start, span.span.line_end
+    if not 1 <= a <= b <= len(lines):
+        return None
+    lo, hi = lines[a - 1].start, lines[b - 1].end
+    if not any(p.doc_id == doc_id and p.span.char_start <= lo and hi <= p.span.char_end for p in within):
+        return None
+    c = cite_lines(doc, page_n, a, b)
+    return c if len(normalize(c.quote)) >= MIN_QUOTE_CHARS else None
 
 
 def relocate(doc: Document, hit: tuple[int, int], *, quote: str) -> Citation:

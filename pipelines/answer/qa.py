@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .citations import Citation, cite_lines, find_quote, parse_citations, relocate, verify
-from .prompt import BuiltContext, approx_tokens, build_context, chat_messages
+from .citations import Citation, cite_lines, cited_lines, find_quote, parse_citations, relocate, verify
+from .prompt import FREE_TEXT_PROMPT, QUOTE_PROMPT, BuiltContext, approx_tokens, build_context, chat_messages
 from ..document import Document, Passage
 from .query import content_words, stem  # noqa: F401  (bench/abstention_rules.py imports them from here)
 from .quote_constraint import QuotePlan, plan_for
@@ -172,7 +172,7 @@ def answer_question(
     ctx: BuiltContext = build_context(question, docs, passages[:read_k] if read_k else passages,
                                       budget_tokens=budget_tokens, count_tokens=count_tokens)
     t1 = time.perf_counter()
-    messages = chat_messages(question, ctx)
+    messages = chat_messages(question, ctx, QUOTE_PROMPT if quote else FREE_TEXT_PROMPT)
     # Constrained decoding only shapes what the model can write; the verifier still checks it.
     # The model reads every chosen passage; quote_from can limit its quotes to the best-ranked.
     quotable = ctx.passages[:quote_from] if quote_from else ctx.passages
@@ -194,7 +194,8 @@ def check_answer(
     *, withhold: bool = True, need: Need | None = None, confirm: Confirm | None = None,
 ) -> Answer:
     """Verify a model's answer: rewrite verified citations to their labels, mark the rest,
-    add mechanical citations for sentences copied from the passages the model `read`, and
+    add mechanical citations for sentences copied from the passages the model `read` (failing
+    those, a label with no quoted words of its own cites the lines it names, when it read them), and
     judge whether each verified citation supports an answer to the question (`need`: what the
     question needs, default `need_of(question)` for these documents; `confirm`: the model's
     yes/no verdict, which must reach CONFIRM_MARGIN too).
@@ -207,25 +208,26 @@ def check_answer(
     multi = len(docs) > 1
     default_doc = next(iter(docs)) if not multi else None
     need = need if need is not None else for_documents(need_of(question), docs.values())
-    shown, citations = [], []
-    pos = 0
-    for span in parse_citations(raw):
-        c = verify(span, docs, default_doc)
-        if c.verified:
-            c = c.model_copy(update={"segment_id": segment_of(docs[c.doc_id], c.span.char_start)})
-            citations.append(c)
-            shown.append(raw[pos : span.start] + c.label(with_doc=multi))
-        else:
-            citations.append(c)
-            shown.append(raw[pos : span.start] + "[unverified citation removed]")
+    spans = parse_citations(raw)
+    citations = [verify(span, docs, default_doc) for span in spans]
+    mechanical = [] if any(c.verified for c in citations) else _mechanical_citations(raw, docs, read)
+    if not any(c.verified for c in citations) and not mechanical:
+        # Citations without a quote of their own that verifies (a bare label, or a label after the
+        # model's words): the lines each names, when it read them, are the quote to judge.
+        citations = [cited_lines(s, docs, default_doc, read) or c for s, c in zip(spans, citations)]
+    shown, pos = [], 0
+    for span, c in zip(spans, citations):
+        shown.append(raw[pos : span.start] + (c.label(with_doc=multi) if c.verified else "[unverified citation removed]"))
         pos = span.end
     shown.append(raw[pos:])
     text = "".join(shown).strip()
-    if not any(c.verified for c in citations):
-        citations += _mechanical_citations(raw, docs, read)
+    citations = [c.model_copy(update={"segment_id": segment_of(docs[c.doc_id], c.span.char_start)}) if c.verified else c
+                 for c in citations] + mechanical
     citations = [judge(c, docs[c.doc_id], need, question, confirm) if c.verified else c for c in citations]
     verified = [c for c in citations if c.verified]
     supporting = [c for c in citations if c.supports]
+    if not re.search(r"\w", re.sub(r"\[[^\]]*\]", "", text)):  # labels alone: what they cite is the answer
+        text = "\n".join(f'"{c.quote}" {c.label(with_doc=multi)}' for c in supporting or verified)
     common = dict(question=question, raw_answer=raw, citations=citations, evidence=evidence)
     answers_figure = not need.numeric or answer_figure_quoted(text, [c.quote for c in supporting])
     if withhold and verified and not (supporting and answers_figure):
